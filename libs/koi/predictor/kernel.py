@@ -1,0 +1,317 @@
+"""numba kernel of the serving model: one scalar loop per candidate, in parallel-free
+``@njit(cache=True)`` code that mirrors ``reference.py`` line for line.
+
+``reference.py`` is the specification and documents the model; this file only makes it
+fast (≈ millions of candidates per second on one core) and must agree with it to
+floating-point tolerance (``tests/unit/test_predictor_kernel.py``). Column indices come
+from ``columns.py``; no other logic lives here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from koi.predictor.columns import IN, MODE_BURST, MODE_CONCURRENCY, MODE_RATE, MODE_SATURATED, \
+    MODE_STATIC, N_OUT, OUT
+from koi.predictor.reference import EPS, FIXED_POINT_ITERS, RATE_BISECTIONS, Z95
+
+# numba needs plain integer globals, not dict lookups
+W_DENSE, W_EXPERT, MOE_KE = IN["w_dense"], IN["w_expert"], IN["moe_ke"]
+FLOPS_TOK, FLOPS_TOK_EXP, ATTN_CTX = IN["flops_tok"], IN["flops_tok_exp"], IN["attn_flops_ctx"]
+KV_TOK, KV_CAP, AR_BYTES, N_AR = IN["kv_tok"], IN["kv_cap"], IN["ar_bytes_tok"], IN["n_ar"]
+A2A_BYTES, N_MOE = IN["a2a_bytes_tok"], IN["n_moe"]
+TP, PP, DP, EP, LAYERS = IN["tp"], IN["pp"], IN["dp"], IN["ep"], IN["layers_gpu"]
+PEAK, HBM, LINK_BW, LINK_LAT = IN["peak_flops"], IN["hbm_bw"], IN["link_bw"], IN["link_lat"]
+EFF_MEM, EFF_COMP, EFF_LINK = IN["eff_mem"], IN["eff_comp"], IN["eff_link"]
+OVH_BASE, OVH_SEQ = IN["ovh_base"], IN["ovh_seq"]
+ATTN_MEM, MOE_EFF, SERIAL, TTFT_OVH = IN["attn_mem"], IN["moe_eff"], IN["serial_frac"], \
+    IN["ttft_ovh"]
+MAX_SEQS, MAX_TOKENS, CHUNKED, KV_FULL = IN["max_seqs"], IN["max_tokens"], IN["chunked"], \
+    IN["kv_full_reserve"]
+CUDA_GRAPHS, SPEC_GAIN, SPEC_COST = IN["cuda_graphs"], IN["spec_gain"], IN["spec_cost"]
+IN_LEN, OUT_LEN, PREFIX_HIT, MODE, LOAD, WINDOW = IN["in_len"], IN["out_len"], \
+    IN["prefix_hit"], IN["mode"], IN["load"], IN["window_s"]
+SLO_TTFT, SLO_TPOT, USD_HOUR, REPLICAS = IN["slo_ttft"], IN["slo_tpot"], IN["usd_hour"], \
+    IN["replicas"]
+MEM_TOTAL, MEM_FIXED = IN["mem_total"], IN["mem_fixed"]
+
+Y_TTFT, Y_TTFT50, Y_TTFT95 = OUT["ttft"], OUT["ttft_p50"], OUT["ttft_p95"]
+Y_TPOT, Y_TPOT50, Y_TPOT95 = OUT["tpot"], OUT["tpot_p50"], OUT["tpot_p95"]
+Y_OUT, Y_TOTAL, Y_REQ, Y_MAXRATE = OUT["out_tput"], OUT["total_tput"], OUT["req_rate"], \
+    OUT["max_rate_slo"]
+Y_COST, Y_E2E, Y_KVP, Y_COMM = OUT["cost_mtok"], OUT["e2e"], OUT["kv_pressure"], \
+    OUT["comm_frac"]
+Y_CU, Y_MU, Y_QU, Y_BE = OUT["compute_util"], OUT["membw_util"], OUT["queue_util"], \
+    OUT["batch_eff"]
+Y_HEAD, Y_BATCH = OUT["mem_headroom"], OUT["batch"]
+
+
+@numba.njit(cache=True, fastmath=True, inline="always")
+def _clip(x: float, lo: float, hi: float) -> float:
+    return min(max(x, lo), hi)
+
+
+@numba.njit(cache=True, fastmath=True)
+def _pass(X: np.ndarray, j: int, b: float, p: float, ctx_dec: float,
+          ctx_pre: float) -> tuple[float, float, float, float]:
+    dp, pp = X[DP, j], X[PP, j]
+    tokens = b + p
+    ke = X[MOE_KE, j]
+    touched = 1.0 - max(1.0 - ke, 0.0) ** tokens if ke > 0 else 1.0
+    micro = _clip(max(b, 1.0), 1.0, pp)
+    weights = (X[W_DENSE, j] + X[W_EXPERT, j] * touched) * micro
+    kv_read = (b / dp) * ctx_dec * X[KV_TOK, j] + (p / dp) * X[KV_TOK, j]
+    t_mem = (weights + kv_read / X[ATTN_MEM, j]) / (X[HBM, j] * X[EFF_MEM, j])
+    attn = (b * ctx_dec + p * ctx_pre) / dp * X[ATTN_CTX, j]
+    flops = tokens * X[FLOPS_TOK, j] + attn + tokens * X[FLOPS_TOK_EXP, j] / X[MOE_EFF, j]
+    t_comp = flops / (X[PEAK, j] * X[EFF_COMP, j])
+    link = X[LINK_BW, j] * X[EFF_LINK, j]
+    tp, ep = X[TP, j], X[EP, j]
+    per_rank = tokens / dp
+    t_ar = 0.0
+    if tp > 1:
+        t_ar = X[N_AR, j] * (X[LINK_LAT, j] + 2.0 * (tp - 1.0) / tp * per_rank * X[AR_BYTES, j]
+                             / link)
+    t_a2a = 0.0
+    if ep > 1:
+        t_a2a = X[N_MOE, j] * 2.0 * (X[LINK_LAT, j] + (ep - 1.0) / ep * per_rank
+                                     * X[A2A_BYTES, j] / link)
+    t_comm = t_ar + t_a2a
+    graphs = 1.0 if X[CUDA_GRAPHS, j] > 0 else 1.0 + X[LAYERS, j] / 8.0
+    ovh = X[OVH_BASE, j] * graphs + X[OVH_SEQ, j] * b
+    roof = max(t_mem, t_comp) + X[SERIAL, j] * min(t_mem, t_comp)
+    total = (roof + t_comm) * (pp / micro) + ovh
+    return total, t_mem, t_comp, t_comm
+
+
+@numba.njit(cache=True, fastmath=True)
+def _chunk(X: np.ndarray, j: int, b: float) -> float:
+    T = X[MAX_TOKENS, j]
+    prompt = max(X[IN_LEN, j] * (1.0 - X[PREFIX_HIT, j]), 1.0)
+    if X[CHUNKED, j] > 0:
+        return min(prompt, max(T - b, 0.25 * T))
+    return prompt
+
+
+@numba.njit(cache=True, fastmath=True)
+def _sakasegawa(rho: float, servers: float, service: float) -> float:
+    c = max(servers, 1.0)
+    return service * rho ** (math.sqrt(2.0 * (c + 1.0)) - 1.0) / (c * (1.0 - rho))
+
+
+@numba.njit(cache=True, fastmath=True)
+def _loaded(X: np.ndarray, j: int, rate: float, conc: float, is_rate: bool, b_lim: float,
+            n_c1: float, s_p1: float, ctx_dec: float,
+            ctx_pre: float) -> tuple[float, float, float, float]:
+    O = max(X[OUT_LEN, j], 1.0)
+    prompt = max(X[IN_LEN, j] * (1.0 - X[PREFIX_HIT, j]), 1.0)
+    spec = X[SPEC_COST, j] / X[SPEC_GAIN, j]
+    b = min(rate * (s_p1 + O * 0.01), b_lim) if is_rate else min(conc, b_lim)
+    b = max(b, 1.0)
+    ttft, tpot, f = s_p1, 0.0, 0.0
+    for _ in range(FIXED_POINT_ITERS):
+        b_dec = max(b * (O - 1.0) / max(O - 1.0 + n_c1, 1.0), 1.0)
+        ch = _chunk(X, j, b_dec)
+        n_c = prompt / ch
+        t_d = _pass(X, j, b_dec, 0.0, ctx_dec, ctx_pre)[0] * spec
+        t_m = _pass(X, j, b_dec, ch, ctx_dec, ctx_pre)[0]
+        if is_rate:
+            f = rate * n_c * t_d / max(1.0 - rate * n_c * (t_m - t_d), EPS)
+        else:
+            f = max(b - 1.0, 0.0) * n_c / max(O - 1.0 + n_c, 1.0)
+        f = _clip(f, 0.0, 0.999)
+        tpot = (1.0 - f) * t_d + f * t_m
+        s_p = n_c * t_m
+        lifetime = s_p + (O - 1.0) * tpot
+        w_pre = f / (2.0 * (1.0 - f)) * s_p
+        w_slot = _sakasegawa(_clip(b / b_lim, 0.0, 0.999), b_lim, lifetime) if is_rate else 0.0
+        ttft = s_p + 0.5 * tpot + w_pre + w_slot
+        b_new = rate * (ttft + (O - 1.0) * tpot) if is_rate else min(conc, b_lim)
+        b = _clip(0.5 * b + 0.5 * b_new, 1.0, b_lim)
+    return ttft, tpot, f, b
+
+
+@numba.njit(cache=True, fastmath=True)
+def _percentiles(ttft: float, service: float, rho: float, tpot: float, t_dec: float, f: float,
+                 O: float) -> tuple[float, float, float]:
+    r = _clip(rho, 0.05, 1.0)
+    wait = max(ttft - service, 0.0)
+    p50 = service + wait / r * math.log(max(r / 0.5, 1.0))
+    p95 = service + wait / r * math.log(max(r / 0.05, 1.0))
+    spread = max(tpot - t_dec, 0.0) / max(f, 0.02)
+    tpot95 = tpot + Z95 * math.sqrt(max(f * (1.0 - f), 0.0) / O) * spread
+    return p50, p95, tpot95
+
+
+@numba.njit(cache=True, fastmath=True)
+def _max_rate(X: np.ndarray, j: int, mu: float, b_lim: float, n_c1: float, s_p1: float,
+              ctx_dec: float, ctx_pre: float) -> float:
+    slo_ttft, slo_tpot = X[SLO_TTFT, j], X[SLO_TPOT, j]
+    if slo_ttft <= 0 and slo_tpot <= 0:
+        return mu * 0.999
+    O = max(X[OUT_LEN, j], 1.0)
+    spec = X[SPEC_COST, j] / X[SPEC_GAIN, j]
+    ovh = X[TTFT_OVH, j]
+    lo, hi = 0.0, mu * 0.999
+    for _ in range(RATE_BISECTIONS):
+        mid = 0.5 * (lo + hi)
+        ttft, tpot, f, b = _loaded(X, j, mid, 0.0, True, b_lim, n_c1, s_p1, ctx_dec, ctx_pre)
+        t_d = _pass(X, j, b, 0.0, ctx_dec, ctx_pre)[0] * spec
+        _, ttft95, tpot95 = _percentiles(ttft + ovh, s_p1 + ovh, mid / max(mu, EPS), tpot, t_d,
+                                         f, O)
+        ok = (slo_ttft <= 0 or ttft95 <= slo_ttft) and (slo_tpot <= 0 or tpot95 <= slo_tpot)
+        if ok:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@numba.njit(cache=True, fastmath=True)
+def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:  # noqa: PLR0915
+    I, O = X[IN_LEN, j], max(X[OUT_LEN, j], 1.0)
+    I_eff = I * (1.0 - X[PREFIX_HIT, j])
+    mode, load, reps = int(X[MODE, j]), X[LOAD, j], X[REPLICAS, j]
+    spec = X[SPEC_GAIN, j]
+    spec_f = X[SPEC_COST, j] / spec
+    per_seq_kv = I + (O if X[KV_FULL, j] > 0 else 0.5 * O)
+    b_cap = max(min(X[MAX_SEQS, j], X[KV_CAP, j] / per_seq_kv), 1e-3)
+    chunked = X[CHUNKED, j] > 0
+    T = X[MAX_TOKENS, j]
+    b_sat = max(min(b_cap, T / (1.0 + I_eff / O)) if chunked else b_cap, 1e-3)
+    ctx_dec, ctx_pre = I + 0.5 * O, 0.5 * I
+    prompt = max(I_eff, 1.0)
+
+    # saturated operating point
+    p_sat = b_sat * I_eff / O
+    if chunked:
+        t_sat = _pass(X, j, b_sat, p_sat, ctx_dec, ctx_pre)[0]
+    else:
+        ch_un = min(prompt * max(math.floor(T / prompt), 1.0), max(p_sat, 1.0))
+        t_pre_un = _pass(X, j, 0.0, ch_un, ctx_dec, ctx_pre)[0]
+        t_sat = _pass(X, j, b_sat, 0.0, ctx_dec, ctx_pre)[0] + p_sat / ch_un * t_pre_un
+    t_sat = t_sat * spec_f
+    x_sat = b_sat / t_sat
+    mu = x_sat / O
+
+    # unloaded prefill of one request
+    ch1 = _chunk(X, j, 1.0)
+    n_c1 = prompt / ch1
+    s_p1 = n_c1 * _pass(X, j, 1.0, ch1, ctx_dec, ctx_pre)[0]
+
+    per_rep = load / reps
+    is_rate, is_conc = mode == MODE_RATE, mode == MODE_CONCURRENCY
+    rate = per_rep if is_rate else 0.0
+    conc = per_rep if is_conc else 0.0
+    b_lim = b_sat if chunked else b_cap
+    ttft, tpot, f, b = s_p1, 0.0, 0.0, 1.0
+    if is_rate or is_conc:  # the other modes never read the loaded operating point
+        ttft, tpot, f, b = _loaded(X, j, rate, conc, is_rate, b_lim, n_c1, s_p1, ctx_dec,
+                                   ctx_pre)
+    lifetime = ttft + (O - 1.0) * tpot
+    overloaded = is_rate and rate >= mu * 0.999
+
+    # static batch and burst
+    n_batch = max(per_rep, 1.0)
+    is_sat, is_st, is_burst = mode == MODE_SATURATED, mode == MODE_STATIC, mode == MODE_BURST
+    b_st = min(n_batch, b_sat if is_burst else b_cap)
+    waves = n_batch / b_st
+    pre_tokens = b_st * prompt
+    ch_st = min(pre_tokens, max(T, prompt))
+    prefill_st = pre_tokens / ch_st * _pass(X, j, 0.0, ch_st, ctx_dec, ctx_pre)[0]
+    t_dec_st = _pass(X, j, b_st, 0.0, ctx_dec, ctx_pre)[0] * spec_f
+    total_st = waves * (prefill_st + (O - 1.0) * t_dec_st)
+
+    # select by mode
+    is_wave = is_st or is_burst
+    saturated = is_sat or overloaded or (is_burst and n_batch > b_sat)
+    ttft_sat = s_p1 + b_sat * I_eff / max(T, 1.0) * t_sat
+    if is_sat:
+        out_tput, ttft_out = x_sat, ttft_sat
+    elif is_conc:
+        out_tput = min(b, conc) * O / lifetime
+        ttft_out = ttft + max(conc - b_lim, 0.0) * lifetime / b_lim
+    elif is_rate:
+        out_tput = min(rate, mu) * O
+        backlog = max(1.0 - mu / max(rate, EPS), 0.0) * 0.5 * X[WINDOW, j]
+        ttft_out = ttft_sat + backlog if overloaded else ttft
+    elif is_wave:
+        out_tput = n_batch * O / total_st
+        ttft_out = prefill_st + 0.5 * (waves - 1.0) * total_st / waves
+    else:
+        out_tput, ttft_out = 0.0, 0.0
+    ttft_out += X[TTFT_OVH, j]
+    if saturated:
+        tpot_out, f_out = t_sat, 1.0
+    elif is_wave:
+        tpot_out, f_out = t_dec_st, 0.0
+    else:
+        tpot_out, f_out = tpot, f
+    if is_sat or overloaded:
+        batch = b_sat
+    elif is_wave:
+        batch = b_st
+    else:
+        batch = b
+
+    rho_q = min(rate / max(mu, EPS), 1.0) if is_rate else 0.5
+    t_d_out = _pass(X, j, max(batch, 1.0), 0.0, ctx_dec, ctx_pre)[0] * spec_f
+    s_p1_ovh = s_p1 + X[TTFT_OVH, j]
+    p50, p95, tpot95 = _percentiles(ttft_out, s_p1_ovh, rho_q, tpot_out, t_d_out, f_out, O)
+
+    # mediators
+    bb = max(batch, 1.0)
+    t_pass, t_mem, t_comp, t_comm = _pass(X, j, bb, bb * I_eff / O * f_out, ctx_dec, ctx_pre)
+    if is_conc:
+        demand = conc
+    elif is_rate:
+        demand = rate * lifetime
+    elif is_wave:
+        demand = n_batch
+    else:
+        demand = b_cap * 2.0
+    if is_rate:
+        queue_util = rate / max(mu, EPS)
+    elif is_conc:
+        queue_util = conc / max(b_lim, EPS)
+    else:
+        queue_util = 1.0
+    kv_used = min(batch * per_seq_kv, X[KV_CAP, j])
+
+    Y[Y_TTFT, j] = ttft_out
+    Y[Y_TTFT50, j] = p50
+    Y[Y_TTFT95, j] = p95
+    Y[Y_TPOT, j] = tpot_out
+    Y[Y_TPOT50, j] = tpot_out
+    Y[Y_TPOT95, j] = tpot95
+    Y[Y_OUT, j] = out_tput * reps
+    Y[Y_TOTAL, j] = out_tput * reps * (1.0 + I / O)
+    Y[Y_REQ, j] = out_tput * reps / O
+    Y[Y_E2E, j] = ttft_out + (O - 1.0) * tpot_out
+    Y[Y_COST, j] = X[USD_HOUR, j] / max(out_tput * 3600.0, EPS) * 1e6
+    Y[Y_KVP, j] = min(demand, X[MAX_SEQS, j]) * per_seq_kv / max(X[KV_CAP, j], 1.0)
+    Y[Y_COMM, j] = t_comm * X[PP, j] / max(t_pass, EPS)
+    Y[Y_CU, j] = min(t_comp / max(t_pass, EPS), 1.0)
+    Y[Y_MU, j] = min(t_mem / max(t_pass, EPS), 1.0)
+    Y[Y_QU, j] = queue_util
+    Y[Y_BE, j] = min(out_tput / max(x_sat, EPS), 1.0)
+    Y[Y_HEAD, j] = 1.0 - (X[MEM_FIXED, j] + kv_used * X[KV_TOK, j] / X[DP, j]) / X[MEM_TOTAL, j]
+    Y[Y_BATCH, j] = batch
+    Y[Y_MAXRATE, j] = _max_rate(X, j, mu, b_lim, n_c1, s_p1, ctx_dec, ctx_pre) * reps
+
+
+@numba.njit(cache=True, fastmath=True)
+def _predict_all(X: np.ndarray, Y: np.ndarray) -> None:
+    for j in range(X.shape[1]):
+        _predict_one(X, j, Y)
+
+
+def predict_kernel(X: np.ndarray) -> np.ndarray:
+    """Evaluate every candidate column of ``X`` (shape (N_IN, n)); returns (N_OUT, n)."""
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    Y = np.zeros((N_OUT, X.shape[1]))
+    _predict_all(X, Y)
+    return Y
