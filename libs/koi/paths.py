@@ -12,15 +12,26 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+SHARED_DATA_ENV = "KOI_SHARED_DATA"
+
+
+def _candidates() -> list[Path]:
+    env = os.environ.get(SHARED_DATA_ENV)
+    if env:
+        return [Path(env)]
+    return [d / "shared" / "data" for d in (REPO_ROOT, *REPO_ROOT.parents)]
+
+
+def find_shared_data_dir() -> Path | None:
+    """The shared public-data directory, or None when there is none."""
+    return next((c for c in _candidates() if c.is_dir()), None)
+
+
 def shared_data_dir() -> Path:
     """The shared public-data directory (raises FileNotFoundError naming where it looked)."""
-    env = os.environ.get("KOI_SHARED_DATA")
-    candidates = [Path(env)] if env else []
-    candidates += [parent / "shared" / "data" for parent in REPO_ROOT.parents]
-    candidates.append(REPO_ROOT / "shared" / "data")
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate
-    looked = ", ".join(str(c) for c in candidates[:4])
-    raise FileNotFoundError(f"shared data directory not found (looked in {looked}); "
-                            "set KOI_SHARED_DATA")
+    found = find_shared_data_dir()
+    if found is None:
+        looked = ", ".join(str(c) for c in _candidates()[:4])
+        raise FileNotFoundError(f"shared data directory not found (looked in {looked}); "
+                                f"set {SHARED_DATA_ENV}")
+    return found

@@ -168,6 +168,26 @@ def config_from_dict(data: dict[str, Any]) -> DeploymentConfig:
     return DeploymentConfig(**kwargs)
 
 
+def engine_default_config(model: str, accelerator: str, engine: str = "vllm",
+                          catalog: Catalog | None = None, **knobs: Any) -> DeploymentConfig:
+    """A config with the engine's own defaults for its batching and memory knobs.
+
+    What an operator gets by launching the engine without those flags; ``knobs``
+    override anything (enum knobs may be given as strings).
+    """
+    eng = (catalog or load_catalog()).engine(engine)
+    base: dict[str, Any] = {
+        "model": model, "accelerator": accelerator, "engine": engine,
+        "max_num_seqs": eng.default_max_num_seqs,
+        "max_batched_tokens": max(eng.default_max_batched_tokens, eng.default_max_num_seqs),
+        "gpu_mem_fraction": eng.default_gpu_mem_fraction,
+        "chunked_prefill": eng.supports_chunked_prefill,
+        "prefix_caching": eng.supports_prefix_caching,
+    }
+    base.update(knobs)
+    return config_from_dict(base)
+
+
 def config_hash(config: DeploymentConfig) -> str:
     """Canonical hash: sorted-key JSON of every knob, so equal configs hash equally."""
     blob = json.dumps(config_to_dict(config), sort_keys=True, separators=(",", ":"))

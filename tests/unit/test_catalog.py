@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from koi.catalog import (
     Accelerator,
     Catalog,

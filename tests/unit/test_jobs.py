@@ -10,6 +10,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 import yaml
+
 from koi.errors import InvalidSpecError
 from koi.jobs import (
     Arrival,

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from koi.errors import InvalidSpecError
+from koi.paths import REPO_ROOT, SHARED_DATA_ENV, find_shared_data_dir
 
 TRACE_HEADER = ("ts_s", "input_tokens", "output_tokens")
 SHARED_PREFIX = "shared:"
-SHARED_DATA_ENV = "KOI_SHARED_DATA"  # overrides the walk-up search for shared/data
 
 
 @dataclass(frozen=True, eq=False)
@@ -158,24 +158,13 @@ def _parse_tokens(column: str, text: str, where: str) -> int:
 # --- finding trace files ---------------------------------------------------------------
 
 def repo_root() -> Path:
-    """The repository root: the nearest directory above this package with a pyproject.toml."""
-    here = Path(__file__).resolve()
-    for d in here.parents:
-        if (d / "pyproject.toml").is_file():
-            return d
-    return Path.cwd()
+    """The repository root (one definition: ``koi.paths``)."""
+    return REPO_ROOT
 
 
 def shared_data_dir() -> Path | None:
     """``$KOI_SHARED_DATA``, else the first ``shared/data`` found walking up from the repo root."""
-    env = os.environ.get(SHARED_DATA_ENV)
-    if env:
-        return Path(env)
-    root = repo_root()
-    for d in (root, *root.parents):
-        if (d / "shared" / "data").is_dir():
-            return d / "shared" / "data"
-    return None
+    return find_shared_data_dir()
 
 
 def resolve_trace_path(ref: str, base_dir: Path | None = None) -> Path:

@@ -14,8 +14,16 @@ import math
 import numba
 import numpy as np
 
-from koi.predictor.columns import IN, MODE_BURST, MODE_CONCURRENCY, MODE_RATE, MODE_SATURATED, \
-    MODE_STATIC, N_OUT, OUT
+from koi.predictor.columns import (
+    IN,
+    MODE_BURST,
+    MODE_CONCURRENCY,
+    MODE_RATE,
+    MODE_SATURATED,
+    MODE_STATIC,
+    N_OUT,
+    OUT,
+)
 from koi.predictor.reference import EPS, FIXED_POINT_ITERS, RATE_BISECTIONS, Z95
 
 # numba needs plain integer globals, not dict lookups
@@ -88,6 +96,48 @@ def _pass(X: np.ndarray, j: int, b: float, p: float, ctx_dec: float,
 
 
 @numba.njit(cache=True, fastmath=True)
+def _pass_pair(X: np.ndarray, j: int, b: float, ch: float, ctx_dec: float,
+               ctx_pre: float) -> tuple[float, float]:
+    """(decode-only pass, pass with a prefill chunk) — ``_pass`` twice, sharing terms."""
+    dp, pp = X[DP, j], X[PP, j]
+    ke = X[MOE_KE, j]
+    micro = _clip(max(b, 1.0), 1.0, pp)
+    kv = X[KV_TOK, j]
+    inv_bw = 1.0 / (X[HBM, j] * X[EFF_MEM, j])
+    inv_fl = 1.0 / (X[PEAK, j] * X[EFF_COMP, j])
+    link = X[LINK_BW, j] * X[EFF_LINK, j]
+    tp, ep = X[TP, j], X[EP, j]
+    ar = X[N_AR, j] * 2.0 * (tp - 1.0) / tp * X[AR_BYTES, j] / link if tp > 1 else 0.0
+    ar0 = X[N_AR, j] * X[LINK_LAT, j] if tp > 1 else 0.0
+    a2a = X[N_MOE, j] * 2.0 * (ep - 1.0) / ep * X[A2A_BYTES, j] / link if ep > 1 else 0.0
+    a2a0 = X[N_MOE, j] * 2.0 * X[LINK_LAT, j] if ep > 1 else 0.0
+    graphs = 1.0 if X[CUDA_GRAPHS, j] > 0 else 1.0 + X[LAYERS, j] / 8.0
+    ovh = X[OVH_BASE, j] * graphs + X[OVH_SEQ, j] * b
+    per_tok_fl = X[FLOPS_TOK, j] + X[FLOPS_TOK_EXP, j] / X[MOE_EFF, j]
+    kv_dec = (b / dp) * ctx_dec * kv / X[ATTN_MEM, j]
+    attn_dec = b * ctx_dec / dp * X[ATTN_CTX, j]
+    serial, pipe = X[SERIAL, j], pp / micro
+    out0 = 0.0
+    out1 = 0.0
+    for which in range(2):
+        p = ch if which == 1 else 0.0
+        tokens = b + p
+        touched = 1.0 - max(1.0 - ke, 0.0) ** tokens if ke > 0 else 1.0
+        weights = (X[W_DENSE, j] + X[W_EXPERT, j] * touched) * micro
+        t_mem = (weights + kv_dec + (p / dp) * kv / X[ATTN_MEM, j]) * inv_bw
+        t_comp = (tokens * per_tok_fl + attn_dec + p * ctx_pre / dp * X[ATTN_CTX, j]) * inv_fl
+        per_rank = tokens / dp
+        t_comm = ar0 + ar * per_rank + a2a0 + a2a * per_rank
+        roof = max(t_mem, t_comp) + serial * min(t_mem, t_comp)
+        total = (roof + t_comm) * pipe + ovh
+        if which == 0:
+            out0 = total
+        else:
+            out1 = total
+    return out0, out1
+
+
+@numba.njit(cache=True, fastmath=True)
 def _chunk(X: np.ndarray, j: int, b: float) -> float:
     T = X[MAX_TOKENS, j]
     prompt = max(X[IN_LEN, j] * (1.0 - X[PREFIX_HIT, j]), 1.0)
@@ -116,8 +166,8 @@ def _loaded(X: np.ndarray, j: int, rate: float, conc: float, is_rate: bool, b_li
         b_dec = max(b * (O - 1.0) / max(O - 1.0 + n_c1, 1.0), 1.0)
         ch = _chunk(X, j, b_dec)
         n_c = prompt / ch
-        t_d = _pass(X, j, b_dec, 0.0, ctx_dec, ctx_pre)[0] * spec
-        t_m = _pass(X, j, b_dec, ch, ctx_dec, ctx_pre)[0]
+        t_d, t_m = _pass_pair(X, j, b_dec, ch, ctx_dec, ctx_pre)
+        t_d *= spec
         if is_rate:
             f = rate * n_c * t_d / max(1.0 - rate * n_c * (t_m - t_d), EPS)
         else:
@@ -171,7 +221,7 @@ def _max_rate(X: np.ndarray, j: int, mu: float, b_lim: float, n_c1: float, s_p1:
 
 
 @numba.njit(cache=True, fastmath=True)
-def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:  # noqa: PLR0915
+def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:
     I, O = X[IN_LEN, j], max(X[OUT_LEN, j], 1.0)
     I_eff = I * (1.0 - X[PREFIX_HIT, j])
     mode, load, reps = int(X[MODE, j]), X[LOAD, j], X[REPLICAS, j]

@@ -26,7 +26,7 @@ from pathlib import Path
 from koi.catalog import Catalog, load_catalog
 from koi.paths import shared_data_dir
 from koi.predictor.types import LoadMode, Workload
-from koi.space import DeploymentConfig, KvDtype, Precision
+from koi.space import DeploymentConfig, KvDtype, Precision, engine_default_config
 
 METRICS = {"output_throughput_tok_s": "output_throughput_tok_s",
            "total_throughput_tok_s": "total_throughput_tok_s",
@@ -101,23 +101,18 @@ def row_to_case(i: int, r: dict[str, str], cat: Catalog) -> Case | None:
     extra = gpus // (tp * pp)
     dp_attn = extra if model.is_moe and extra > 1 else 1
     precision = _precision(r["precision"])
-    engine = cat.engine(engine_id)
     kv = KvDtype.FP8 if engine_id == "trtllm" and precision in (Precision.FP8, Precision.FP4) \
         else KvDtype.AUTO
     mode, amount = load
-    max_seqs = engine.default_max_num_seqs
-    if mode == LoadMode.STATIC:
-        max_seqs = int(amount)
-    cfg = DeploymentConfig(
-        model=model_id, accelerator=accel_id, engine=engine_id, tp=tp, pp=pp,
+    static = {"max_num_seqs": int(amount),
+              "max_batched_tokens": max(int(amount), cat.engine(engine_id)
+                                        .default_max_batched_tokens)} \
+        if mode == LoadMode.STATIC else {}
+    cfg = engine_default_config(
+        model_id, accel_id, engine_id, cat, tp=tp, pp=pp,
         dp_attention=dp_attn, ep=tp * dp_attn if dp_attn > 1 else 1,
         replicas=max(1, extra) if not model.is_moe else 1,
-        weight_precision=precision, kv_dtype=kv,
-        max_num_seqs=max_seqs,
-        max_batched_tokens=max(engine.default_max_batched_tokens, max_seqs),
-        chunked_prefill=engine.supports_chunked_prefill, multi_node=gpus > 8,
-        gpu_mem_fraction=engine.default_gpu_mem_fraction,
-    )
+        weight_precision=precision, kv_dtype=kv, multi_node=gpus > 8, **static)
     wl = Workload(input_len=i_len, output_len=o_len, mode=mode, load=amount)
     src = "/".join(r["source_url"].split("/")[2:5])
     label = (f"{model_id} {accel_id}×{gpus} tp{tp} {engine_id} {precision} {i_len}/{o_len} "

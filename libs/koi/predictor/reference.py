@@ -8,8 +8,9 @@ model, in one paragraph:
   GPU's weights (only the experts the batch touches, for MoE) and the decoders' KV
   cache, and does 2·params FLOPs per token plus attention. Its time is the roofline
   ``max(t_mem, t_comp) + serial_frac·min(t_mem, t_comp)`` with
-  ``t_mem = bytes / (BW·eff_mem)`` and ``t_comp = flops / (peak·eff_comp)`` plus tensor/expert-parallel
-  collectives on the part's interconnect plus a per-pass engine overhead. Pipeline
+  ``t_mem = bytes / (BW·eff_mem)`` and ``t_comp = flops / (peak·eff_comp)``, plus
+  tensor/expert-parallel collectives on the part's interconnect, plus a per-pass engine
+  overhead. Pipeline
   stages process ``min(b, pp)`` micro-batches; fewer than ``pp`` leaves bubbles.
 * **Continuous batching** with chunked prefill: each pass carries the running decodes
   and, when a prompt is waiting, a prefill chunk filling the token budget. The share

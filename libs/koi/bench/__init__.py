@@ -1,0 +1,1 @@
+"""Benchmarks: predictor speed and accuracy now; scenarios and policies later."""

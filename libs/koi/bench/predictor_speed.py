@@ -1,0 +1,68 @@
+"""Predictor speed: numba kernel vs numpy reference on a large candidate matrix.
+
+Candidates are drawn from the in-scope measurement cases (real model × accelerator ×
+engine combinations) with randomised lengths and an open-loop Poisson load — the
+shape of the evaluator's work. Reports predictions per second, median of several runs.
+Single-threaded by construction (the kernel has no parallel loops). No I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from koi.predictor.columns import IN, MODE_RATE
+from koi.predictor.features import build_inputs
+from koi.predictor.kernel import predict_kernel
+from koi.predictor.measurements import load_cases
+from koi.predictor.reference import predict_reference
+
+
+@dataclass(frozen=True)
+class SpeedResult:
+    backend: str
+    candidates: int
+    runs: int
+    median_s: float
+    per_s: float
+    all_s: tuple[float, ...]
+
+
+def candidate_matrix(n: int, seed: int = 0) -> np.ndarray:
+    """``n`` candidate columns: real configs, random lengths, Poisson loads."""
+    cases = load_cases()
+    base = build_inputs([(c.config, c.workload) for c in cases])
+    rng = np.random.default_rng(seed)
+    X = base[:, rng.integers(0, base.shape[1], n)].copy()
+    X[IN["in_len"]] = rng.integers(32, 8192, n)
+    X[IN["out_len"]] = rng.integers(16, 2048, n)
+    X[IN["mode"]] = MODE_RATE
+    X[IN["load"]] = rng.uniform(0.05, 20.0, n) * X[IN["replicas"]]
+    return X
+
+
+def time_backend(name: str, fn: Callable[[np.ndarray], np.ndarray], X: np.ndarray,
+                 runs: int) -> SpeedResult:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn(X)
+        times.append(time.perf_counter() - t0)
+    med = float(np.median(times))
+    return SpeedResult(name, X.shape[1], runs, med, X.shape[1] / med, tuple(times))
+
+
+def run(n: int = 1_000_000, runs: int = 5, numpy_runs: int = 3,
+        progress: Callable[[str], None] | None = None) -> list[SpeedResult]:
+    X = candidate_matrix(n)
+    predict_kernel(X[:, :16])  # compile (or load the cache) outside the timing
+    if progress:
+        progress("numba kernel")
+    results = [time_backend("numba", predict_kernel, X, runs)]
+    if progress:
+        progress("numpy reference")
+    results.append(time_backend("numpy", predict_reference, X, numpy_runs))
+    return results

@@ -1,0 +1,120 @@
+"""The `koi` command line: predict, calibrate, bench, demo.
+
+Thin: parses flags, calls the domain library, prints with rich. Each subcommand's
+logic lives in ``koi.*``; nothing here decides anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="Koi: a self-calibrating planner for LLM inference fleets.",
+                  no_args_is_help=True, add_completion=False)
+bench_app = typer.Typer(help="Benchmarks (speed, accuracy).", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+console = Console()
+
+Opt = typer.Option
+
+
+@app.command()
+def predict(
+    model: Annotated[str | None, Opt(help="Model id, e.g. llama-3.1-70b.")] = None,
+    accelerator: Annotated[str | None, Opt(help="Accelerator id, e.g. h100-sxm.")] = None,
+    tp: Annotated[int, Opt(help="Tensor-parallel degree.")] = 1,
+    pp: Annotated[int, Opt(help="Pipeline-parallel degree.")] = 1,
+    engine: Annotated[str, Opt(help="vllm | sglang | trtllm.")] = "vllm",
+    precision: Annotated[str, Opt(help="bf16|fp16|fp8|int8|int4|fp4.")] = "bf16",
+    kv_dtype: Annotated[str | None, Opt(help="auto|bf16|fp16|fp8.")] = None,
+    input_len: Annotated[int | None, Opt(help="Prompt tokens.")] = None,
+    output_len: Annotated[int | None, Opt(help="Generated tokens.")] = None,
+    concurrency: Annotated[float | None, Opt(help="Closed-loop clients.")] = None,
+    rate: Annotated[float | None, Opt(help="Poisson arrivals, req/s.")] = None,
+    replicas: Annotated[int, Opt(help="Data-parallel replicas.")] = 1,
+    offering: Annotated[str | None, Opt(help="Offering id for the price.")] = None,
+    slo_ttft_ms: Annotated[float | None, Opt(help="TTFT SLO (p95) for max rate.")] = None,
+    slo_tpot_ms: Annotated[float | None, Opt(help="TPOT SLO (p95) for max rate.")] = None,
+    set_knobs: Annotated[list[str] | None, Opt("--set", help="Any knob: --set max_num_seqs=64"
+                                                ".")] = None,
+    as_json: Annotated[bool, Opt("--json", help="Print one JSON object.")] = False,
+    batch: Annotated[Path | None, Opt(help="JSON-lines file of requests ('-' = stdin).")] = None,
+) -> None:
+    """Predict serving behaviour of one configuration (without --concurrency/--rate: the
+    offline, as-many-as-fit throughput)."""
+    from koi.cli.predict import predict_command
+
+    predict_command(model=model, accelerator=accelerator, tp=tp, pp=pp, engine=engine,
+                    precision=precision, kv_dtype=kv_dtype, input_len=input_len,
+                    output_len=output_len, concurrency=concurrency, rate=rate,
+                    replicas=replicas, offering=offering, slo_ttft_ms=slo_ttft_ms,
+                    slo_tpot_ms=slo_tpot_ms, set_knobs=set_knobs, as_json=as_json, batch=batch)
+
+
+@app.command()
+def calibrate(
+    write: Annotated[bool, Opt(help="Write libs/koi/predictor/data/calibration.yaml.")] = False,
+    cv: Annotated[bool, Opt(help="Also leave-one-source-out cross-validation.")] = False,
+) -> None:
+    """Fit the efficiency-factor table on the public measurements and show the fit."""
+    from koi.cli.reports import calibrate_report
+
+    calibrate_report(console, write=write, cv=cv)
+
+
+@bench_app.command("predictor")
+def bench_predictor(
+    candidates: Annotated[int, Opt(help="Candidates per run.")] = 1_000_000,
+    runs: Annotated[int, Opt(help="Timed runs of the numba kernel (median).")] = 5,
+    numpy_runs: Annotated[int, Opt(help="Timed runs of the numpy reference.")] = 3,
+    json_out: Annotated[Path | None, Opt("--json", help="Write results as JSON.")] = None,
+) -> None:
+    """Predictions per second: numba kernel vs numpy reference (one core)."""
+    from koi.bench.predictor_speed import run
+
+    os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+    with console.status("timing…") as status:
+        results = run(candidates, runs, numpy_runs,
+                      progress=lambda s: status.update(f"timing {s}…"))
+    table = Table(title=f"Predictor speed, {candidates:,} candidates (median of runs)")
+    for col in ("backend", "runs", "median s", "predictions/s", "all runs (s)"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(r.backend, str(r.runs), f"{r.median_s:.3f}", f"{r.per_s:,.0f}",
+                      " ".join(f"{t:.3f}" for t in r.all_s))
+    console.print(table)
+    speedup = results[0].per_s / results[1].per_s
+    console.print(f"numba / numpy speed-up: {speedup:.1f}×")
+    if json_out:
+        json_out.write_text(json.dumps([r.__dict__ for r in results], indent=2))
+
+
+@bench_app.command("accuracy")
+def bench_accuracy(
+    markdown: Annotated[bool, Opt(help="Print markdown tables (for docs).")] = False,
+    rows: Annotated[bool, Opt(help="Also list every case.")] = False,
+) -> None:
+    """Median absolute % error against shared/data/perf_measurements.csv."""
+    from koi.cli.reports import accuracy_tables
+
+    accuracy_tables(console, markdown=markdown, rows=rows)
+
+
+@app.command()
+def demo(
+    fast: Annotated[bool, Opt(help="Accepted for compatibility; the demo is quick.")] = False,
+) -> None:
+    """Show the predictor at work on real deployments from public measurements."""
+    from koi.cli.reports import demo_report
+
+    demo_report(console)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,158 @@
+"""Rich/markdown rendering of the predictor's accuracy, fit and demo.
+
+Formatting only: the numbers come from ``koi.predictor.accuracy`` and ``.fit``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from koi.predictor.accuracy import CaseResult, accuracy_report, summarise
+
+KINDS = ("throughput", "tpot", "ttft")
+TARGETS = {"throughput": 0.15, "tpot": 0.20, "ttft": 0.35}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _by_accelerator(results: Sequence[CaseResult]) -> dict[str, dict[str, list[float]]]:
+    table: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        table[r.case.config.accelerator][r.case.kind].append(r.ape)
+        table[r.case.config.accelerator]["all"].append(r.ape)
+    return table
+
+
+def _cell(values: list[float]) -> str:
+    return f"{100 * np.median(values):.1f}% ({len(values)})" if values else "–"
+
+
+def accuracy_tables(console: Console, *, markdown: bool = False, rows: bool = False,
+                    results: Sequence[CaseResult] | None = None) -> None:
+    if results is None:
+        results, _ = accuracy_report()
+    summary = summarise(results)
+    if markdown:
+        print(markdown_tables(results, summary, rows=rows))
+        return
+    t = Table(title="Median absolute % error vs public measurements (n cases)")
+    t.add_column("metric")
+    t.add_column("median APE", justify="right")
+    t.add_column("p90 APE", justify="right")
+    t.add_column("n", justify="right")
+    t.add_column("target", justify="right")
+    for kind in KINDS:
+        s = summary[f"kind:{kind}"]
+        t.add_row(kind, _pct(s["median_ape"]), _pct(s["p90_ape"]), f"{s['n']:.0f}",
+                  f"≤ {_pct(TARGETS[kind])}")
+    console.print(t)
+    t2 = Table(title="By accelerator: median APE (n)")
+    for col in ("accelerator", *KINDS, "all"):
+        t2.add_column(col, justify="right")
+    for accel, groups in sorted(_by_accelerator(results).items()):
+        t2.add_row(accel, *(_cell(groups.get(k, [])) for k in (*KINDS, "all")))
+    console.print(t2)
+    if rows:
+        t3 = Table(title="Every case")
+        for col in ("row", "case", "measured", "predicted", "error"):
+            t3.add_column(col)
+        for r in results:
+            t3.add_row(str(r.case.row), r.case.label, f"{r.case.value:,.1f}",
+                       f"{r.predicted:,.1f}", f"{100 * (r.predicted / r.case.value - 1):+.0f}%")
+        console.print(t3)
+
+
+def markdown_tables(results: Sequence[CaseResult], summary: dict[str, dict[str, float]],
+                    *, rows: bool = False) -> str:
+    lines = ["| metric | median APE | p90 APE | n | target |", "|---|---|---|---|---|"]
+    for kind in KINDS:
+        s = summary[f"kind:{kind}"]
+        lines.append(f"| {kind} | {_pct(s['median_ape'])} | {_pct(s['p90_ape'])} | "
+                     f"{s['n']:.0f} | ≤ {_pct(TARGETS[kind])} |")
+    lines += ["", "| accelerator | throughput | TPOT | TTFT | all |", "|---|---|---|---|---|"]
+    for accel, groups in sorted(_by_accelerator(results).items()):
+        cells = " | ".join(_cell(groups.get(k, [])) for k in (*KINDS, "all"))
+        lines.append(f"| {accel} | {cells} |")
+    if rows:
+        lines += ["", "| row | case | measured | predicted | error |", "|---|---|---|---|---|"]
+        for r in results:
+            lines.append(f"| {r.case.row} | {r.case.label} | {r.case.value:,.1f} | "
+                         f"{r.predicted:,.1f} | {100 * (r.predicted / r.case.value - 1):+.0f}% |")
+    return "\n".join(lines)
+
+
+def calibrate_report(console: Console, *, write: bool, cv: bool) -> None:
+    from koi.predictor.fit import cross_validate, fit_and_report
+    from koi.predictor.measurements import load_cases
+
+    with console.status("fitting efficiency factors…"):
+        cal, summary = fit_and_report(write=write)
+    t = Table(title="Fitted efficiency factors")
+    t.add_column("group")
+    t.add_column("factors")
+    for group, table in cal.factors.items():
+        if table:
+            t.add_row(group, ", ".join(f"{k}={v:.3g}" for k, v in sorted(table.items())))
+    console.print(t)
+    for kind in KINDS:
+        s = summary[f"kind:{kind}"]
+        console.print(f"in-sample {kind}: median APE {_pct(s['median_ape'])} (n={s['n']:.0f})")
+    if write:
+        console.print("wrote libs/koi/predictor/data/calibration.yaml")
+    if cv:
+        with console.status("leave-one-source-out cross-validation…"):
+            held_out = cross_validate(load_cases())
+        by_kind: dict[str, list[float]] = defaultdict(list)
+        for case, pred in held_out:
+            by_kind[case.kind].append(abs(pred - case.value) / case.value)
+        for kind in KINDS:
+            console.print(f"held-out {kind}: median APE {_pct(float(np.median(by_kind[kind])))}"
+                          f" (n={len(by_kind[kind])})")
+
+
+def demo_report(console: Console) -> None:
+    """The predictor on real deployments: predicted vs measured, then a what-if."""
+    from koi.predictor.api import predict_many
+    from koi.predictor.types import LoadMode, Workload
+    from koi.space import engine_default_config
+
+    console.rule("[bold]Koi predictor on public measurements")
+    results, _ = accuracy_report()
+    picks = [r for r in results if r.case.row in (4, 10, 19, 28, 54, 63, 66, 98, 101)]
+    t = Table(title="Predicted vs measured (public benchmarks)")
+    for col in ("deployment", "metric", "measured", "predicted", "error"):
+        t.add_column(col)
+    for r in picks or results[:8]:
+        t.add_row(r.case.label.rsplit(" ", 1)[0], r.case.metric, f"{r.case.value:,.1f}",
+                  f"{r.predicted:,.1f}", f"{100 * (r.predicted / r.case.value - 1):+.0f}%")
+    console.print(t)
+    accuracy_tables(console, results=results)
+
+    console.rule("[bold]What-if: llama-3.1-70b chat at 6 req/s (1000 in / 250 out)")
+    options = [("h100-sxm", 4, "fp8"), ("h100-sxm", 8, "bf16"), ("h200", 2, "fp8"),
+               ("a100-80gb", 4, "bf16"), ("mi300x", 2, "fp8"), ("l40s", 4, "fp8")]
+    pairs = []
+    for accel, tp, prec in options:
+        cfg = engine_default_config("llama-3.1-70b", accel, "vllm", tp=tp,
+                                    weight_precision=prec)
+        pairs.append((cfg, Workload(1000, 250, LoadMode.RATE, 6.0, slo_ttft_ms=1000,
+                                    slo_tpot_ms=60)))
+    t = Table(title="One replica each; max rate = highest req/s meeting TTFT p95 ≤ 1 s, "
+                    "TPOT p95 ≤ 60 ms")
+    for col in ("deployment", "TTFT p95 ms", "TPOT p95 ms", "max rate", "$/Mtok",
+                "kv_pressure", "comm_overhead"):
+        t.add_column(col, justify="right")
+    for (cfg, _), p in zip(pairs, predict_many(pairs), strict=True):
+        t.add_row(f"{cfg.accelerator} tp{cfg.tp} {cfg.weight_precision}",
+                  f"{p.ttft_p95_ms:,.0f}", f"{p.tpot_p95_ms:.1f}",
+                  f"{p.max_rate_under_slo_rps:.2f}", f"{p.cost_per_mtok_usd:.2f}",
+                  f"{p.kv_pressure:.2f}", f"{p.comm_overhead_frac:.2f}")
+    console.print(t)
+    console.print("Services, simulator and planner arrive with later work; see README.md.")
