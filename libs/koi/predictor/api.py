@@ -47,7 +47,7 @@ def _wrap(Y: np.ndarray, j: int, cfg: DeploymentConfig, cat: Catalog) -> Predict
         compute_util=y("compute_util"), membw_util=y("membw_util"),
         queue_util=y("queue_util"), batch_efficiency=y("batch_eff"),
         memory_headroom=y("mem_headroom"), batch_size=y("batch"),
-        kv_capacity_tokens=kv_capacity_tokens(model, accel, cfg),
+        kv_capacity_tokens=kv_capacity_tokens(model, accel, cfg, cat.engine(cfg.engine)),
         weights_gb_per_gpu=weight_bytes_per_gpu(model, cfg) / 1e9,
     )
 

@@ -161,25 +161,38 @@ def _loaded(X: np.ndarray, j: int, rate: float, conc: float, is_rate: bool, b_li
     spec = X[SPEC_COST, j] / X[SPEC_GAIN, j]
     b = min(rate * (s_p1 + O * 0.01), b_lim) if is_rate else min(conc, b_lim)
     b = max(b, 1.0)
-    ttft, tpot, f = s_p1, 0.0, 0.0
+    ttft, f = s_p1, 0.0
+    tpot = _pass(X, j, 1.0, 0.0, ctx_dec, ctx_pre)[0] * spec  # first guess
+    T = X[MAX_TOKENS, j]
+    chunked = X[CHUNKED, j] > 0
     for _ in range(FIXED_POINT_ITERS):
         b_dec = max(b * (O - 1.0) / max(O - 1.0 + n_c1, 1.0), 1.0)
         ch = _chunk(X, j, b_dec)
         n_c = prompt / ch
-        t_d, t_m = _pass_pair(X, j, b_dec, ch, ctx_dec, ctx_pre)
+        free = max(T - b_dec, 0.25 * T) if chunked else max(T, prompt)
+        if is_rate:
+            demand = rate * prompt * tpot  # tpot: the previous estimate
+        else:
+            demand = max(b - 1.0, 0.0) * prompt / max(O - 1.0 + n_c, 1.0)
+        p_m = min(free, max(ch, demand))
+        t_d, t_m = _pass_pair(X, j, b_dec, p_m, ctx_dec, ctx_pre)
         t_d *= spec
         if is_rate:
-            f = rate * n_c * t_d / max(1.0 - rate * n_c * (t_m - t_d), EPS)
+            k_rate = rate * prompt / p_m
+            f = k_rate * t_d / max(1.0 - k_rate * (t_m - t_d), EPS)
         else:
-            f = max(b - 1.0, 0.0) * n_c / max(O - 1.0 + n_c, 1.0)
-        f = _clip(f, 0.0, 0.999)
+            f = demand / p_m
+        f = _clip(f, 0.0, 1.0)
         tpot = (1.0 - f) * t_d + f * t_m
         s_p = n_c * t_m
         lifetime = s_p + (O - 1.0) * tpot
-        w_pre = f / (2.0 * (1.0 - f)) * s_p
-        w_slot = _sakasegawa(_clip(b / b_lim, 0.0, 0.999), b_lim, lifetime) if is_rate else 0.0
+        rho_p = _clip(rate * prompt * tpot / free, 0.0, 0.999)
+        w_pre = rho_p / (2.0 * (1.0 - rho_p)) * s_p
+        w_slot = 0.0
+        if is_rate:
+            w_slot = _sakasegawa(_clip(rate * lifetime / b_lim, 0.0, 0.999), b_lim, lifetime)
         ttft = s_p + 0.5 * tpot + w_pre + w_slot
-        b_new = rate * (ttft + (O - 1.0) * tpot) if is_rate else min(conc, b_lim)
+        b_new = rate * (ttft - w_slot + (O - 1.0) * tpot) if is_rate else min(conc, b_lim)
         b = _clip(0.5 * b + 0.5 * b_new, 1.0, b_lim)
     return ttft, tpot, f, b
 
@@ -190,7 +203,7 @@ def _percentiles(ttft: float, service: float, rho: float, tpot: float, t_dec: fl
     r = _clip(rho, 0.05, 1.0)
     wait = max(ttft - service, 0.0)
     p50 = service + wait / r * math.log(max(r / 0.5, 1.0))
-    p95 = service + wait / r * math.log(max(r / 0.05, 1.0))
+    p95 = max(service + wait / r * math.log(max(r / 0.05, 1.0)), ttft)
     spread = max(tpot - t_dec, 0.0) / max(f, 0.02)
     tpot95 = tpot + Z95 * math.sqrt(max(f * (1.0 - f), 0.0) / O) * spread
     return p50, p95, tpot95
@@ -267,13 +280,15 @@ def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:
     # static batch and burst
     n_batch = max(per_rep, 1.0)
     is_sat, is_st, is_burst = mode == MODE_SATURATED, mode == MODE_STATIC, mode == MODE_BURST
-    b_st = min(n_batch, b_sat if is_burst else b_cap)
-    waves = n_batch / b_st
-    pre_tokens = b_st * prompt
-    ch_st = min(pre_tokens, max(T, prompt))
-    prefill_st = pre_tokens / ch_st * _pass(X, j, 0.0, ch_st, ctx_dec, ctx_pre)[0]
-    t_dec_st = _pass(X, j, b_st, 0.0, ctx_dec, ctx_pre)[0] * spec_f
-    total_st = waves * (prefill_st + (O - 1.0) * t_dec_st)
+    b_st, waves, prefill_st, t_dec_st, total_st = 1.0, 1.0, 0.0, 0.0, 1.0
+    if is_st or is_burst:  # only the wave modes read these
+        b_st = min(n_batch, b_sat if is_burst else b_cap)
+        waves = n_batch / b_st
+        pre_tokens = b_st * prompt
+        ch_st = min(pre_tokens, max(T, prompt))
+        prefill_st = pre_tokens / ch_st * _pass(X, j, 0.0, ch_st, ctx_dec, ctx_pre)[0]
+        t_dec_st = _pass(X, j, b_st, 0.0, ctx_dec, ctx_pre)[0] * spec_f
+        total_st = waves * (prefill_st + (O - 1.0) * t_dec_st)
 
     # select by mode
     is_wave = is_st or is_burst
@@ -282,12 +297,12 @@ def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:
     if is_sat:
         out_tput, ttft_out = x_sat, ttft_sat
     elif is_conc:
-        out_tput = min(b, conc) * O / lifetime
+        out_tput = min(min(b, conc) * O / lifetime, x_sat)
         ttft_out = ttft + max(conc - b_lim, 0.0) * lifetime / b_lim
     elif is_rate:
         out_tput = min(rate, mu) * O
         backlog = max(1.0 - mu / max(rate, EPS), 0.0) * 0.5 * X[WINDOW, j]
-        ttft_out = ttft_sat + backlog if overloaded else ttft
+        ttft_out = max(ttft, ttft_sat + backlog) if overloaded else ttft
     elif is_wave:
         out_tput = n_batch * O / total_st
         ttft_out = prefill_st + 0.5 * (waves - 1.0) * total_st / waves

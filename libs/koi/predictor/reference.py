@@ -134,7 +134,8 @@ def predict_reference(X: np.ndarray) -> np.ndarray:
     # closed loop: clients beyond the slot limit queue for a slot
     conc_extra = np.maximum(conc - b_lim, 0.0)
     ttft_conc = ttft + conc_extra * lifetime / b_lim
-    x_conc = np.minimum(b, conc) * O / lifetime
+    # the saturated operating point is the most a replica can deliver
+    x_conc = np.minimum(np.minimum(b, conc) * O / lifetime, x_sat)
     x_rate = np.minimum(rate, mu) * O
     overloaded = is_rate & (rate >= mu * 0.999)
     backlog_wait = np.maximum(1.0 - mu / np.maximum(rate, EPS), 0.0) * 0.5 * c("window_s")
@@ -162,7 +163,8 @@ def predict_reference(X: np.ndarray) -> np.ndarray:
     ttft_sat = s_p1 + b_sat * I_eff / np.maximum(T, 1.0) * t_sat
     ttft_out = np.select(
         [is_sat, is_conc, is_rate, is_wave],
-        [ttft_sat, ttft_conc, np.where(overloaded, ttft_sat + backlog_wait, ttft), ttft_st])
+        [ttft_sat, ttft_conc,
+         np.where(overloaded, np.maximum(ttft, ttft_sat + backlog_wait), ttft), ttft_st])
     ttft_out = ttft_out + c("ttft_ovh")
     saturated = is_sat | overloaded | burst_mixed
     tpot_out = np.select([saturated, is_wave], [t_sat, t_dec_st], tpot)
@@ -236,24 +238,41 @@ def _loaded(X: np.ndarray, rate: np.ndarray, conc: np.ndarray, is_rate: np.ndarr
     spec = X[IN["spec_cost"]] / X[IN["spec_gain"]]
     b = np.where(is_rate, np.minimum(rate * (s_p1 + O * 0.01), b_lim), np.minimum(conc, b_lim))
     b = np.maximum(b, 1.0)
-    ttft, tpot, f = s_p1, np.zeros(n), np.zeros(n)
+    ttft, f = s_p1, np.zeros(n)
+    tpot = pass_time(X, np.ones(n), np.zeros(n), ctx_dec, ctx_pre)[0] * spec  # first guess
+    T = X[IN["max_tokens"]]
+    budget = np.where(X[IN["chunked"]] > 0, 1.0, 0.0)
     for _ in range(FIXED_POINT_ITERS):
         b_dec = np.maximum(b * (O - 1.0) / np.maximum(O - 1.0 + n_c1, 1.0), 1.0)
         ch = _chunk(X, b_dec)
         n_c = prompt / ch
+        # prefill tokens the other requests bring per pass; several prompts share a pass
+        # up to the token budget left beside the decodes
+        free = np.where(budget > 0, np.maximum(T - b_dec, 0.25 * T), np.maximum(T, prompt))
         t_d = pass_time(X, b_dec, np.zeros(n), ctx_dec, ctx_pre)[0] * spec
-        t_m = pass_time(X, b_dec, ch, ctx_dec, ctx_pre)[0]
-        # share of passes that carry someone else's prefill chunk
-        f_rate = rate * n_c * t_d / np.maximum(1.0 - rate * n_c * (t_m - t_d), EPS)
-        f_conc = np.maximum(b - 1.0, 0.0) * n_c / np.maximum(O - 1.0 + n_c, 1.0)
-        f = np.clip(np.where(is_rate, f_rate, f_conc), 0.0, 0.999)
+        demand = np.where(is_rate, rate * prompt * tpot,  # tpot: the previous estimate
+                          np.maximum(b - 1.0, 0.0) * prompt / np.maximum(O - 1.0 + n_c, 1.0))
+        p_m = np.minimum(free, np.maximum(ch, demand))
+        t_m = pass_time(X, b_dec, p_m, ctx_dec, ctx_pre)[0]
+        # share of passes that carry a prefill load of p_m tokens
+        k_rate = rate * prompt / p_m
+        f_rate = k_rate * t_d / np.maximum(1.0 - k_rate * (t_m - t_d), EPS)
+        f = np.clip(np.where(is_rate, f_rate, demand / p_m), 0.0, 1.0)
         tpot = (1.0 - f) * t_d + f * t_m
         s_p = n_c * t_m
         lifetime = s_p + (O - 1.0) * tpot
-        w_pre = f / (2.0 * (1.0 - f)) * s_p
-        w_slot = _sakasegawa(np.clip(b / b_lim, 0.0, 0.999), b_lim, lifetime)
-        ttft = s_p + 0.5 * tpot + w_pre + np.where(is_rate, w_slot, 0.0)
-        b_new = np.where(is_rate, rate * (ttft + (O - 1.0) * tpot), np.minimum(conc, b_lim))
+        # Poisson prompts wait while the prefill budget is taken (M/D/1 on that budget);
+        # closed-loop prompts arrive paced by completions and the budget fits them
+        # (b ≤ b_sat), so they do not queue for it
+        rho_p = np.clip(rate * prompt * tpot / free, 0.0, 0.999)
+        w_pre = rho_p / (2.0 * (1.0 - rho_p)) * s_p
+        # requests waiting for a sequence slot hold no slot: utilisation of the slots is
+        # the arrival rate × time in service over the slot count
+        rho_slot = np.clip(rate * lifetime / b_lim, 0.0, 0.999)
+        w_slot = np.where(is_rate, _sakasegawa(rho_slot, b_lim, lifetime), 0.0)
+        ttft = s_p + 0.5 * tpot + w_pre + w_slot
+        b_new = np.where(is_rate, rate * (ttft - w_slot + (O - 1.0) * tpot),
+                         np.minimum(conc, b_lim))
         b = np.clip(0.5 * b + 0.5 * b_new, 1.0, b_lim)
     return ttft, tpot, f, b
 
@@ -276,7 +295,8 @@ def _percentiles(ttft: np.ndarray, service: np.ndarray, rho: np.ndarray, tpot: n
     r = np.clip(rho, 0.05, 1.0)
     wait = np.maximum(ttft - service, 0.0)
     p50 = service + wait / r * np.log(np.maximum(r / 0.5, 1.0))
-    p95 = service + wait / r * np.log(np.maximum(r / 0.05, 1.0))
+    # the deterministic part of the wait (next pass boundary) keeps p95 above the mean
+    p95 = np.maximum(service + wait / r * np.log(np.maximum(r / 0.05, 1.0)), ttft)
     spread = np.maximum(tpot - t_dec, 0.0) / np.maximum(f, 0.02)
     tpot95 = tpot + Z95 * np.sqrt(np.maximum(f * (1.0 - f), 0.0) / O) * spread
     return p50, p95, tpot95
