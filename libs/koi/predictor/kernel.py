@@ -63,78 +63,44 @@ def _clip(x: float, lo: float, hi: float) -> float:
 
 
 @numba.njit(cache=True, fastmath=True)
-def _pass(X: np.ndarray, j: int, b: float, p: float, ctx_dec: float,
-          ctx_pre: float) -> tuple[float, float, float, float]:
+def _coeffs(X: np.ndarray, j: int) -> tuple[float, float, float, float, float, float, float,
+                                             float, float, float, float, float, float, float,
+                                             float]:
+    """Per-candidate constants of a pass, resolved once so each pass is a few flops."""
     dp, pp = X[DP, j], X[PP, j]
-    tokens = b + p
     ke = X[MOE_KE, j]
-    touched = 1.0 - max(1.0 - ke, 0.0) ** tokens if ke > 0 else 1.0
-    micro = _clip(max(b, 1.0), 1.0, pp)
-    weights = (X[W_DENSE, j] + X[W_EXPERT, j] * touched) * micro
-    kv_read = (b / dp) * ctx_dec * X[KV_TOK, j] + (p / dp) * X[KV_TOK, j]
-    t_mem = (weights + kv_read / X[ATTN_MEM, j]) / (X[HBM, j] * X[EFF_MEM, j])
-    attn = (b * ctx_dec + p * ctx_pre) / dp * X[ATTN_CTX, j]
-    flops = tokens * X[FLOPS_TOK, j] + attn + tokens * X[FLOPS_TOK_EXP, j] / X[MOE_EFF, j]
-    t_comp = flops / (X[PEAK, j] * X[EFF_COMP, j])
+    log_miss = math.log(max(1.0 - ke, 1e-300)) if ke > 0 else 0.0
     link = X[LINK_BW, j] * X[EFF_LINK, j]
     tp, ep = X[TP, j], X[EP, j]
-    per_rank = tokens / dp
-    t_ar = 0.0
+    comm_fix, comm_tok = 0.0, 0.0
     if tp > 1:
-        t_ar = X[N_AR, j] * (X[LINK_LAT, j] + 2.0 * (tp - 1.0) / tp * per_rank * X[AR_BYTES, j]
-                             / link)
-    t_a2a = 0.0
+        comm_fix += X[N_AR, j] * X[LINK_LAT, j]
+        comm_tok += X[N_AR, j] * 2.0 * (tp - 1.0) / tp * X[AR_BYTES, j] / link / dp
     if ep > 1:
-        t_a2a = X[N_MOE, j] * 2.0 * (X[LINK_LAT, j] + (ep - 1.0) / ep * per_rank
-                                     * X[A2A_BYTES, j] / link)
-    t_comm = t_ar + t_a2a
+        comm_fix += X[N_MOE, j] * 2.0 * X[LINK_LAT, j]
+        comm_tok += X[N_MOE, j] * 2.0 * (ep - 1.0) / ep * X[A2A_BYTES, j] / link / dp
     graphs = 1.0 if X[CUDA_GRAPHS, j] > 0 else 1.0 + X[LAYERS, j] / 8.0
-    ovh = X[OVH_BASE, j] * graphs + X[OVH_SEQ, j] * b
-    roof = max(t_mem, t_comp) + X[SERIAL, j] * min(t_mem, t_comp)
-    total = (roof + t_comm) * (pp / micro) + ovh
-    return total, t_mem, t_comp, t_comm
+    return (X[W_DENSE, j], X[W_EXPERT, j], log_miss, 1.0 if ke > 0 else 0.0, pp,
+            1.0 / (X[HBM, j] * X[EFF_MEM, j]), 1.0 / (X[PEAK, j] * X[EFF_COMP, j]),
+            comm_fix, comm_tok, X[OVH_BASE, j] * graphs, X[OVH_SEQ, j],
+            X[FLOPS_TOK, j] + X[FLOPS_TOK_EXP, j] / X[MOE_EFF, j], X[ATTN_CTX, j] / dp,
+            X[KV_TOK, j] / dp / X[ATTN_MEM, j], X[SERIAL, j])
 
 
 @numba.njit(cache=True, fastmath=True)
-def _pass_pair(X: np.ndarray, j: int, b: float, ch: float, ctx_dec: float,
-               ctx_pre: float) -> tuple[float, float]:
-    """(decode-only pass, pass with a prefill chunk) — ``_pass`` twice, sharing terms."""
-    dp, pp = X[DP, j], X[PP, j]
-    ke = X[MOE_KE, j]
+def _pass(cf: tuple, b: float, p: float, ctx_dec: float,
+          ctx_pre: float) -> tuple[float, float, float, float]:
+    (w_dense, w_expert, log_miss, moe, pp, inv_bw, inv_fl, comm_fix, comm_tok, ovh_fix,
+     ovh_seq, fl_tok, attn, kv_mem, serial) = cf
+    tokens = b + p
+    touched = 1.0 - math.exp(tokens * log_miss) if moe > 0 else 1.0
     micro = _clip(max(b, 1.0), 1.0, pp)
-    kv = X[KV_TOK, j]
-    inv_bw = 1.0 / (X[HBM, j] * X[EFF_MEM, j])
-    inv_fl = 1.0 / (X[PEAK, j] * X[EFF_COMP, j])
-    link = X[LINK_BW, j] * X[EFF_LINK, j]
-    tp, ep = X[TP, j], X[EP, j]
-    ar = X[N_AR, j] * 2.0 * (tp - 1.0) / tp * X[AR_BYTES, j] / link if tp > 1 else 0.0
-    ar0 = X[N_AR, j] * X[LINK_LAT, j] if tp > 1 else 0.0
-    a2a = X[N_MOE, j] * 2.0 * (ep - 1.0) / ep * X[A2A_BYTES, j] / link if ep > 1 else 0.0
-    a2a0 = X[N_MOE, j] * 2.0 * X[LINK_LAT, j] if ep > 1 else 0.0
-    graphs = 1.0 if X[CUDA_GRAPHS, j] > 0 else 1.0 + X[LAYERS, j] / 8.0
-    ovh = X[OVH_BASE, j] * graphs + X[OVH_SEQ, j] * b
-    per_tok_fl = X[FLOPS_TOK, j] + X[FLOPS_TOK_EXP, j] / X[MOE_EFF, j]
-    kv_dec = (b / dp) * ctx_dec * kv / X[ATTN_MEM, j]
-    attn_dec = b * ctx_dec / dp * X[ATTN_CTX, j]
-    serial, pipe = X[SERIAL, j], pp / micro
-    out0 = 0.0
-    out1 = 0.0
-    for which in range(2):
-        p = ch if which == 1 else 0.0
-        tokens = b + p
-        touched = 1.0 - max(1.0 - ke, 0.0) ** tokens if ke > 0 else 1.0
-        weights = (X[W_DENSE, j] + X[W_EXPERT, j] * touched) * micro
-        t_mem = (weights + kv_dec + (p / dp) * kv / X[ATTN_MEM, j]) * inv_bw
-        t_comp = (tokens * per_tok_fl + attn_dec + p * ctx_pre / dp * X[ATTN_CTX, j]) * inv_fl
-        per_rank = tokens / dp
-        t_comm = ar0 + ar * per_rank + a2a0 + a2a * per_rank
-        roof = max(t_mem, t_comp) + serial * min(t_mem, t_comp)
-        total = (roof + t_comm) * pipe + ovh
-        if which == 0:
-            out0 = total
-        else:
-            out1 = total
-    return out0, out1
+    t_mem = ((w_dense + w_expert * touched) * micro + (b * ctx_dec + p) * kv_mem) * inv_bw
+    t_comp = (tokens * fl_tok + (b * ctx_dec + p * ctx_pre) * attn) * inv_fl
+    t_comm = comm_fix + comm_tok * tokens
+    roof = max(t_mem, t_comp) + serial * min(t_mem, t_comp)
+    total = (roof + t_comm) * (pp / micro) + ovh_fix + ovh_seq * b
+    return total, t_mem, t_comp, t_comm
 
 
 @numba.njit(cache=True, fastmath=True)
@@ -153,7 +119,7 @@ def _sakasegawa(rho: float, servers: float, service: float) -> float:
 
 
 @numba.njit(cache=True, fastmath=True)
-def _loaded(X: np.ndarray, j: int, rate: float, conc: float, is_rate: bool, b_lim: float,
+def _loaded(X: np.ndarray, j: int, cf: tuple, rate: float, conc: float, is_rate: bool, b_lim: float,
             n_c1: float, s_p1: float, ctx_dec: float,
             ctx_pre: float) -> tuple[float, float, float, float]:
     O = max(X[OUT_LEN, j], 1.0)
@@ -162,7 +128,7 @@ def _loaded(X: np.ndarray, j: int, rate: float, conc: float, is_rate: bool, b_li
     b = min(rate * (s_p1 + O * 0.01), b_lim) if is_rate else min(conc, b_lim)
     b = max(b, 1.0)
     ttft, f = s_p1, 0.0
-    tpot = _pass(X, j, 1.0, 0.0, ctx_dec, ctx_pre)[0] * spec  # first guess
+    tpot = 0.0  # first guess: no prefill interference yet
     T = X[MAX_TOKENS, j]
     chunked = X[CHUNKED, j] > 0
     for _ in range(FIXED_POINT_ITERS):
@@ -175,8 +141,8 @@ def _loaded(X: np.ndarray, j: int, rate: float, conc: float, is_rate: bool, b_li
         else:
             demand = max(b - 1.0, 0.0) * prompt / max(O - 1.0 + n_c, 1.0)
         p_m = min(free, max(ch, demand))
-        t_d, t_m = _pass_pair(X, j, b_dec, p_m, ctx_dec, ctx_pre)
-        t_d *= spec
+        t_d = _pass(cf, b_dec, 0.0, ctx_dec, ctx_pre)[0] * spec
+        t_m = _pass(cf, b_dec, p_m, ctx_dec, ctx_pre)[0]
         if is_rate:
             k_rate = rate * prompt / p_m
             f = k_rate * t_d / max(1.0 - k_rate * (t_m - t_d), EPS)
@@ -210,7 +176,7 @@ def _percentiles(ttft: float, service: float, rho: float, tpot: float, t_dec: fl
 
 
 @numba.njit(cache=True, fastmath=True)
-def _max_rate(X: np.ndarray, j: int, mu: float, b_lim: float, n_c1: float, s_p1: float,
+def _max_rate(X: np.ndarray, j: int, cf: tuple, mu: float, b_lim: float, n_c1: float, s_p1: float,
               ctx_dec: float, ctx_pre: float) -> float:
     slo_ttft, slo_tpot = X[SLO_TTFT, j], X[SLO_TPOT, j]
     if slo_ttft <= 0 and slo_tpot <= 0:
@@ -221,8 +187,8 @@ def _max_rate(X: np.ndarray, j: int, mu: float, b_lim: float, n_c1: float, s_p1:
     lo, hi = 0.0, mu * 0.999
     for _ in range(RATE_BISECTIONS):
         mid = 0.5 * (lo + hi)
-        ttft, tpot, f, b = _loaded(X, j, mid, 0.0, True, b_lim, n_c1, s_p1, ctx_dec, ctx_pre)
-        t_d = _pass(X, j, b, 0.0, ctx_dec, ctx_pre)[0] * spec
+        ttft, tpot, f, b = _loaded(X, j, cf, mid, 0.0, True, b_lim, n_c1, s_p1, ctx_dec, ctx_pre)
+        t_d = _pass(cf, b, 0.0, ctx_dec, ctx_pre)[0] * spec
         _, ttft95, tpot95 = _percentiles(ttft + ovh, s_p1 + ovh, mid / max(mu, EPS), tpot, t_d,
                                          f, O)
         ok = (slo_ttft <= 0 or ttft95 <= slo_ttft) and (slo_tpot <= 0 or tpot95 <= slo_tpot)
@@ -235,6 +201,7 @@ def _max_rate(X: np.ndarray, j: int, mu: float, b_lim: float, n_c1: float, s_p1:
 
 @numba.njit(cache=True, fastmath=True)
 def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:
+    cf = _coeffs(X, j)
     I, O = X[IN_LEN, j], max(X[OUT_LEN, j], 1.0)
     I_eff = I * (1.0 - X[PREFIX_HIT, j])
     mode, load, reps = int(X[MODE, j]), X[LOAD, j], X[REPLICAS, j]
@@ -251,11 +218,11 @@ def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:
     # saturated operating point
     p_sat = b_sat * I_eff / O
     if chunked:
-        t_sat = _pass(X, j, b_sat, p_sat, ctx_dec, ctx_pre)[0]
+        t_sat = _pass(cf, b_sat, p_sat, ctx_dec, ctx_pre)[0]
     else:
         ch_un = min(prompt * max(math.floor(T / prompt), 1.0), max(p_sat, 1.0))
-        t_pre_un = _pass(X, j, 0.0, ch_un, ctx_dec, ctx_pre)[0]
-        t_sat = _pass(X, j, b_sat, 0.0, ctx_dec, ctx_pre)[0] + p_sat / ch_un * t_pre_un
+        t_pre_un = _pass(cf, 0.0, ch_un, ctx_dec, ctx_pre)[0]
+        t_sat = _pass(cf, b_sat, 0.0, ctx_dec, ctx_pre)[0] + p_sat / ch_un * t_pre_un
     t_sat = t_sat * spec_f
     x_sat = b_sat / t_sat
     mu = x_sat / O
@@ -263,7 +230,7 @@ def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:
     # unloaded prefill of one request
     ch1 = _chunk(X, j, 1.0)
     n_c1 = prompt / ch1
-    s_p1 = n_c1 * _pass(X, j, 1.0, ch1, ctx_dec, ctx_pre)[0]
+    s_p1 = n_c1 * _pass(cf, 1.0, ch1, ctx_dec, ctx_pre)[0]
 
     per_rep = load / reps
     is_rate, is_conc = mode == MODE_RATE, mode == MODE_CONCURRENCY
@@ -272,7 +239,7 @@ def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:
     b_lim = b_sat if chunked else b_cap
     ttft, tpot, f, b = s_p1, 0.0, 0.0, 1.0
     if is_rate or is_conc:  # the other modes never read the loaded operating point
-        ttft, tpot, f, b = _loaded(X, j, rate, conc, is_rate, b_lim, n_c1, s_p1, ctx_dec,
+        ttft, tpot, f, b = _loaded(X, j, cf, rate, conc, is_rate, b_lim, n_c1, s_p1, ctx_dec,
                                    ctx_pre)
     lifetime = ttft + (O - 1.0) * tpot
     overloaded = is_rate and rate >= mu * 0.999
@@ -286,8 +253,8 @@ def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:
         waves = n_batch / b_st
         pre_tokens = b_st * prompt
         ch_st = min(pre_tokens, max(T, prompt))
-        prefill_st = pre_tokens / ch_st * _pass(X, j, 0.0, ch_st, ctx_dec, ctx_pre)[0]
-        t_dec_st = _pass(X, j, b_st, 0.0, ctx_dec, ctx_pre)[0] * spec_f
+        prefill_st = pre_tokens / ch_st * _pass(cf, 0.0, ch_st, ctx_dec, ctx_pre)[0]
+        t_dec_st = _pass(cf, b_st, 0.0, ctx_dec, ctx_pre)[0] * spec_f
         total_st = waves * (prefill_st + (O - 1.0) * t_dec_st)
 
     # select by mode
@@ -323,13 +290,13 @@ def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:
         batch = b
 
     rho_q = min(rate / max(mu, EPS), 1.0) if is_rate else 0.5
-    t_d_out = _pass(X, j, max(batch, 1.0), 0.0, ctx_dec, ctx_pre)[0] * spec_f
+    t_d_out = _pass(cf, max(batch, 1.0), 0.0, ctx_dec, ctx_pre)[0] * spec_f
     s_p1_ovh = s_p1 + X[TTFT_OVH, j]
     p50, p95, tpot95 = _percentiles(ttft_out, s_p1_ovh, rho_q, tpot_out, t_d_out, f_out, O)
 
     # mediators
     bb = max(batch, 1.0)
-    t_pass, t_mem, t_comp, t_comm = _pass(X, j, bb, bb * I_eff / O * f_out, ctx_dec, ctx_pre)
+    t_pass, t_mem, t_comp, t_comm = _pass(cf, bb, bb * I_eff / O * f_out, ctx_dec, ctx_pre)
     if is_conc:
         demand = conc
     elif is_rate:
@@ -365,7 +332,7 @@ def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:
     Y[Y_BE, j] = min(out_tput / max(x_sat, EPS), 1.0)
     Y[Y_HEAD, j] = 1.0 - (X[MEM_FIXED, j] + kv_used * X[KV_TOK, j] / X[DP, j]) / X[MEM_TOTAL, j]
     Y[Y_BATCH, j] = batch
-    Y[Y_MAXRATE, j] = _max_rate(X, j, mu, b_lim, n_c1, s_p1, ctx_dec, ctx_pre) * reps
+    Y[Y_MAXRATE, j] = _max_rate(X, j, cf, mu, b_lim, n_c1, s_p1, ctx_dec, ctx_pre) * reps
 
 
 @numba.njit(cache=True, fastmath=True)

@@ -239,7 +239,7 @@ def _loaded(X: np.ndarray, rate: np.ndarray, conc: np.ndarray, is_rate: np.ndarr
     b = np.where(is_rate, np.minimum(rate * (s_p1 + O * 0.01), b_lim), np.minimum(conc, b_lim))
     b = np.maximum(b, 1.0)
     ttft, f = s_p1, np.zeros(n)
-    tpot = pass_time(X, np.ones(n), np.zeros(n), ctx_dec, ctx_pre)[0] * spec  # first guess
+    tpot = np.zeros(n)  # first guess: no prefill interference yet
     T = X[IN["max_tokens"]]
     budget = np.where(X[IN["chunked"]] > 0, 1.0, 0.0)
     for _ in range(FIXED_POINT_ITERS):
