@@ -50,4 +50,4 @@ class Scenario:
 
     @property
     def ticks(self) -> int:
-        return int(round(self.horizon_s / self.tick_s))
+        return round(self.horizon_s / self.tick_s)
