@@ -162,14 +162,41 @@ def price_per_gpu_hour(cat: Catalog, cfg: DeploymentConfig) -> float:
     return min(prices) if prices else 0.0
 
 
+WORKLOAD_ROWS = np.array([IN[k] for k in ("in_len", "out_len", "prefix_hit", "mode", "load",
+                                           "window_s", "slo_ttft", "slo_tpot")])
+_STATIC: dict[tuple, np.ndarray] = {}
+_STATIC_MAX = 200_000
+# the catalog and calibration objects a cached column was built with, kept alive so that
+# their id() — part of the cache key — cannot be reused by another object
+_OWNERS: dict[int, object] = {}
+
+
 def build_inputs(pairs: Sequence[tuple[DeploymentConfig, Workload]],
                  catalog: Catalog | None = None,
                  calibration: Calibration | None = None) -> np.ndarray:
-    """The (N_IN, n) input matrix for these candidates."""
+    """The (N_IN, n) input matrix for these candidates.
+
+    Everything but the workload rows depends only on (config, catalog, calibration), so
+    those columns are cached: the planner re-evaluates the same configurations under new
+    loads every tick.
+    """
     cat = catalog or load_catalog()
     cal = calibration or load_calibration()
     X = np.zeros((N_IN, len(pairs)))
+    if len(_STATIC) > _STATIC_MAX:
+        _STATIC.clear()
+        _OWNERS.clear()
+    _OWNERS[id(cat)], _OWNERS[id(cal)] = cat, cal
     for j, (cfg, wl) in enumerate(pairs):
-        fill_column(X, j, cfg, wl, cat.model(cfg.model), cat.accelerator(cfg.accelerator),
-                    cat.engine(cfg.engine), cal, price_per_gpu_hour(cat, cfg))
+        key = (id(cat), id(cal), cfg)
+        column = _STATIC.get(key)
+        if column is None:
+            fill_column(X, j, cfg, wl, cat.model(cfg.model), cat.accelerator(cfg.accelerator),
+                        cat.engine(cfg.engine), cal, price_per_gpu_hour(cat, cfg))
+            _STATIC[key] = X[:, j].copy()
+        else:
+            X[:, j] = column
+        X[WORKLOAD_ROWS, j] = (wl.input_len, wl.output_len, wl.prefix_hit, MODE_CODE[wl.mode],
+                               wl.load if wl.mode != LoadMode.SATURATED else 0.0, wl.window_s,
+                               wl.slo_ttft_ms * 1e-3, wl.slo_tpot_ms * 1e-3)
     return X

@@ -1,0 +1,1 @@
+"""The Koi planner: propose → evaluate → compose → place, as pure domain code."""

@@ -1,0 +1,171 @@
+"""The deterministic proposer: per job, the candidate configurations worth evaluating.
+
+Enumerates the decision space a job can use on the accelerators the fleet offers —
+tensor parallelism, weight precision, KV-cache dtype, engine, batch limits — keeps only
+configurations that validate (memory fit, engine support, fp8 hardware, …) and orders
+them so that the ones the evidence points to come first:
+
+* the job's running configuration (staying put is always a candidate);
+* when the running deployment is KV-bound: more TP and an fp8 KV cache;
+* when it is communication-bound: fewer ranks;
+* mechanisms from the playbook that say a scope does better (or worse) than the
+  prior move those candidates up (or down) and are cited in the hypothesis.
+
+Each ``Proposal`` carries the hypothesis behind it, so explanations and the event log
+can say why a configuration was considered. Offerings (cloud, region, market) are not
+chosen here: a proposal is priced per offering later. No prediction, no scoring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from koi.catalog import Catalog
+from koi.space import DeploymentConfig, engine_default_config, validate
+
+
+@dataclass(frozen=True, slots=True)
+class Hints:
+    """What the last tick measured on the job's running deployment (mediators)."""
+
+    kv_pressure: float = 0.0
+    comm_overhead_frac: float = 0.0
+    queue_util: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class MechanismHint:
+    """A playbook mechanism as the proposer uses it: a scope and a signed effect."""
+
+    id: str
+    accelerator: str = "*"
+    engine: str = "*"
+    tp: int = 0                 # 0 = any
+    effect: float = 1.0         # multiplier on latency (<1 better, >1 worse)
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    job_id: str
+    config: DeploymentConfig    # offering left empty; replicas = 1 (sized later)
+    hypothesis: str
+    mechanism_ids: tuple[str, ...] = ()
+    priority: float = 0.0       # higher = considered first when the set is capped
+
+
+@dataclass(frozen=True, slots=True)
+class ProposerLimits:
+    tps: tuple[int, ...] = (1, 2, 4, 8)
+    precisions: tuple[str, ...] = ("bf16", "fp8", "int4")
+    engines: tuple[str, ...] = ("vllm", "sglang", "trtllm")
+    kv_dtypes: tuple[str, ...] = ("auto", "fp8")
+    max_num_seqs: tuple[int, ...] = (64, 256)
+    max_per_job: int = 240
+    extra_engine_defaults: bool = True  # also try each engine's own max_num_seqs default
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+def propose(job_id: str, model: str, accelerators: Iterable[str], catalog: Catalog, *,
+            current: DeploymentConfig | None = None, hints: Hints | None = None,
+            mechanisms: Sequence[MechanismHint] = (),
+            limits: ProposerLimits | None = None) -> list[Proposal]:
+    """Valid candidate configurations for one job, best-first, capped per job."""
+    lim = limits or ProposerLimits()
+    proposals: dict[DeploymentConfig, Proposal] = {}
+    if current is not None:
+        base = current.with_(offering="", replicas=1)
+        proposals[base] = Proposal(job_id, base, "keep the running configuration",
+                                   priority=100.0)
+    for accel in sorted(set(accelerators)):
+        for cfg in _grid(model, accel, catalog, lim):
+            if cfg in proposals:
+                continue
+            score, why, mech_ids = _priority(cfg, current, hints, mechanisms)
+            proposals[cfg] = Proposal(job_id, cfg, why, mech_ids, score)
+    return _interleave(list(proposals.values()))[: lim.max_per_job]
+
+
+def _interleave(proposals: list[Proposal]) -> list[Proposal]:
+    """Best-first; among equal priorities, take accelerators in turn so that a cap on the
+    set keeps every part of the fleet represented."""
+    by_accel: dict[str, list[Proposal]] = {}
+    for p in sorted(proposals, key=lambda p: (-p.priority, _tiebreak(p.config))):
+        by_accel.setdefault(p.config.accelerator, []).append(p)
+    rank = {id(p): i for group in by_accel.values() for i, p in enumerate(group)}
+    return sorted(proposals, key=lambda p: (-p.priority, rank[id(p)], p.config.accelerator))
+
+
+def _tiebreak(cfg: DeploymentConfig) -> tuple:
+    """Deterministic order among equal priorities: fewer GPUs, then names."""
+    return (cfg.gpus_per_replica, cfg.accelerator, cfg.engine, cfg.weight_precision.value,
+            cfg.kv_dtype.value, cfg.max_num_seqs)
+
+
+def _grid(model: str, accelerator: str, catalog: Catalog,
+          lim: ProposerLimits) -> list[DeploymentConfig]:
+    return list(_grid_cached(model, accelerator, catalog, lim.tps, lim.precisions,
+                             lim.engines, lim.kv_dtypes, lim.max_num_seqs,
+                             lim.extra_engine_defaults))
+
+
+@lru_cache(maxsize=4096)
+def _grid_cached(model: str, accelerator: str, catalog: Catalog, tps: tuple[int, ...],
+                 precisions: tuple[str, ...], engines: tuple[str, ...],
+                 kv_dtypes: tuple[str, ...], seqs: tuple[int, ...],
+                 engine_defaults: bool) -> tuple[DeploymentConfig, ...]:
+    """Every valid combination of the knobs the proposer varies (cached: pure)."""
+    out = []
+    for engine in engines:
+        eng = catalog.engine(engine)
+        if catalog.accelerator(accelerator).vendor not in eng.accelerator_vendors:
+            continue
+        seq_options = set(seqs) | ({eng.default_max_num_seqs} if engine_defaults else set())
+        for tp in tps:
+            for prec in precisions:
+                for kv in kv_dtypes:
+                    for n in sorted(seq_options):
+                        cfg = engine_default_config(
+                            model, accelerator, engine, catalog, tp=tp, weight_precision=prec,
+                            kv_dtype=kv, max_num_seqs=n,
+                            max_batched_tokens=max(eng.default_max_batched_tokens, n))
+                        if not validate(cfg, catalog):
+                            out.append(cfg)
+    return tuple(out)
+
+
+def _priority(cfg: DeploymentConfig, current: DeploymentConfig | None, hints: Hints | None,
+              mechanisms: Sequence[MechanismHint]) -> tuple[float, str, tuple[str, ...]]:
+    """How strongly the evidence points at this candidate, and the words for why."""
+    score, reasons, ids = 0.0, [], []
+    if current is not None and hints is not None:
+        same_part = cfg.accelerator == current.accelerator
+        if hints.kv_pressure > 0.85 and same_part:
+            if cfg.tp > current.tp:
+                score += 3.0
+                reasons.append(f"KV-bound (kv_pressure {hints.kv_pressure:.2f}): more TP")
+            if cfg.kv_dtype.value == "fp8" and current.kv_dtype.value != "fp8":
+                score += 3.0
+                reasons.append(f"KV-bound (kv_pressure {hints.kv_pressure:.2f}): fp8 KV")
+        if hints.comm_overhead_frac > 0.25 and cfg.tp < current.tp:
+            score += 3.0
+            reasons.append(f"comm-bound ({hints.comm_overhead_frac:.0%} of a step in "
+                           "collectives): fewer ranks")
+        if hints.queue_util > 0.85:
+            score += 1.0
+            reasons.append(f"queue near saturation (ρ {hints.queue_util:.2f}): more capacity")
+    for m in mechanisms:
+        if _in_scope(cfg, m):
+            score += 2.0 if m.effect < 1.0 else -2.0
+            ids.append(m.id)
+            reasons.append(m.text or f"mechanism {m.id}")
+    if not reasons:
+        reasons.append("explore the space")
+    return score, "; ".join(reasons), tuple(ids)
+
+
+def _in_scope(cfg: DeploymentConfig, m: MechanismHint) -> bool:
+    return ((m.accelerator in ("*", cfg.accelerator)) and (m.engine in ("*", cfg.engine))
+            and (m.tp in (0, cfg.tp)))

@@ -1,0 +1,101 @@
+"""Proposer and evaluator: valid, ordered candidates; robust scoring tightens SLOs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from koi.catalog import load_catalog
+from koi.planner.evaluate import JobLoad, Robustness, evaluate
+from koi.planner.propose import Hints, MechanismHint, ProposerLimits, propose
+from koi.space import engine_default_config, validate
+
+ACCELS = ["h100-sxm", "a100-80gb", "l40s", "l4", "mi300x"]
+
+
+@pytest.fixture(scope="module")
+def cat():
+    return load_catalog()
+
+
+def test_every_proposal_validates_and_is_unique(cat) -> None:
+    props = propose("j", "llama-3.1-70b", ACCELS, cat)
+    assert props
+    assert all(not validate(p.config, cat) for p in props)
+    assert len({p.config for p in props}) == len(props)
+    assert all(p.config.offering == "" and p.config.replicas == 1 for p in props)
+
+
+def test_cap_keeps_every_accelerator_represented(cat) -> None:
+    props = propose("j", "llama-3.1-8b", ACCELS, cat, limits=ProposerLimits(max_per_job=25))
+    assert len(props) == 25
+    assert set(Counter(p.config.accelerator for p in props)) == set(ACCELS)
+
+
+def test_running_config_comes_first(cat) -> None:
+    current = engine_default_config("llama-3.1-8b", "l40s", "vllm", cat, replicas=3,
+                                    offering="aws/us-east-1/l40s/on_demand")
+    props = propose("j", "llama-3.1-8b", ACCELS, cat, current=current)
+    assert props[0].config == current.with_(offering="", replicas=1)
+    assert "keep" in props[0].hypothesis
+
+
+def test_kv_bound_deployment_promotes_more_tp_and_fp8_kv(cat) -> None:
+    current = engine_default_config("llama-3.1-70b", "h100-sxm", "vllm", cat, tp=2,
+                                    weight_precision="fp8")
+    props = propose("j", "llama-3.1-70b", ACCELS, cat, current=current,
+                    hints=Hints(kv_pressure=0.95))
+    promoted = [p for p in props[1:] if p.priority > 0]
+    assert promoted
+    assert all(p.config.tp > 2 or p.config.kv_dtype.value == "fp8" for p in promoted)
+    assert all("KV-bound" in p.hypothesis for p in promoted)
+
+
+def test_comm_bound_deployment_promotes_fewer_ranks(cat) -> None:
+    current = engine_default_config("llama-3.1-8b", "l40s", "vllm", cat, tp=4)
+    props = propose("j", "llama-3.1-8b", ACCELS, cat, current=current,
+                    hints=Hints(comm_overhead_frac=0.4))
+    top = [p for p in props[1:] if p.priority > 0]  # props[0] keeps the running config
+    assert top and all(p.config.tp < 4 for p in top)
+
+
+def test_mechanisms_move_candidates_and_are_cited(cat) -> None:
+    bad = MechanismHint(id="m1", accelerator="l4", effect=1.6, text="TPOT ×1.6 on {l4}")
+    props = propose("j", "llama-3.1-8b", ACCELS, cat, mechanisms=[bad],
+                    limits=ProposerLimits(max_per_job=100_000))
+    l4 = [p for p in props if p.config.accelerator == "l4"]
+    assert l4 and all("m1" in p.mechanism_ids and p.priority < 0 for p in l4)
+    assert props[-1].config.accelerator == "l4"  # demoted to the end
+
+
+def test_robustness_tightens_and_never_loosens(cat) -> None:
+    props = propose("j", "llama-3.1-8b", ["h100-sxm", "l40s"], cat,
+                    limits=ProposerLimits(max_per_job=30))
+    loads = {"j": JobLoad("j", 1000, 200, 4.0, slo_ttft_ms=800, slo_tpot_ms=50)}
+    nominal = evaluate(props, loads, backend="numpy")
+    robust = evaluate(props, loads, backend="numpy",
+                      robustness=lambda p: Robustness(ttft_mult=1.2, radius_tpot=0.3))
+    assert np.all(robust.max_rate_rps <= nominal.max_rate_rps + 1e-9)
+    assert np.any(robust.max_rate_rps < nominal.max_rate_rps)
+    assert np.all(robust.goodput_tok_s == pytest.approx(robust.max_rate_rps * 200))
+
+
+def test_impossible_slo_is_infeasible(cat) -> None:
+    props = propose("j", "llama-3.1-70b", ["a100-80gb"], cat,
+                    limits=ProposerLimits(max_per_job=10))
+    loads = {"j": JobLoad("j", 4000, 200, 1.0, slo_ttft_ms=1.0, slo_tpot_ms=1.0)}
+    ev = evaluate(props, loads, backend="numpy")
+    assert not ev.slo_feasible.any()
+    batch = evaluate(props, {"j": JobLoad("j", 4000, 200, 0.0, batch=True)}, backend="numpy")
+    assert batch.slo_feasible.all() and (batch.goodput_tok_s > 0).all()
+
+
+def test_numba_and_numpy_backends_agree(cat) -> None:
+    props = propose("j", "mixtral-8x7b", ACCELS, cat, limits=ProposerLimits(max_per_job=40))
+    loads = {"j": JobLoad("j", 600, 300, 6.0, slo_ttft_ms=1500, slo_tpot_ms=80)}
+    a = evaluate(props, loads, backend="numpy")
+    b = evaluate(props, loads, backend="numba")
+    np.testing.assert_allclose(a.max_rate_rps, b.max_rate_rps, rtol=1e-9)
+    np.testing.assert_allclose(a.ttft_p95_ms, b.ttft_p95_ms, rtol=1e-9)
