@@ -1,0 +1,98 @@
+"""Placer: least disruptive actions, migration budget, rejections and finished jobs."""
+
+from __future__ import annotations
+
+from koi.cluster import (
+    ActionKind,
+    ClusterSnapshot,
+    Deployment,
+    DeploymentState,
+    JobStatus,
+    OfferingCapacity,
+)
+from koi.jobs import parse_job
+from koi.planner.place import Target, place
+from koi.space import engine_default_config
+
+OFF = "aws/us-east-1/h100-sxm/on_demand"
+OFF2 = "aws/us-east-1/h100-sxm/spot"
+
+
+def job(jid: str, admitted: bool = True) -> JobStatus:
+    spec = parse_job({"kind": "online", "id": jid, "model": "llama-3.1-8b",
+                      "arrival": {"rate_rps": 2}, "input_len": 500, "output_len": 100,
+                      "slo": {"ttft_ms": 1000, "tpot_ms": 50}})
+    return JobStatus(spec=spec, admitted=admitted, rejected=False)
+
+
+def cfg(**kw):
+    return engine_default_config("llama-3.1-8b", "h100-sxm", "vllm", **kw)
+
+
+def dep(did: str, jid: str, config, offering: str = OFF, ready: int = 1,
+        state: DeploymentState = DeploymentState.RUNNING) -> Deployment:
+    return Deployment(did, jid, config.with_(offering=offering, replicas=ready), offering,
+                      state, ready, 0, 0.0)
+
+
+def snap(deps=(), jobs=()) -> ClusterSnapshot:
+    cap = (OfferingCapacity(OFF, 64, 8), OfferingCapacity(OFF2, 64, 0))
+    return ClusterSnapshot(1, 60.0, 60.0, 3600.0, cap, tuple(deps), tuple(jobs))
+
+
+def target(jid: str, config, offering: str = OFF, replicas: int = 1) -> Target:
+    return Target(jid, "place", "plan", config, offering, replicas)
+
+
+def test_launch_when_nothing_runs() -> None:
+    (a,) = place([target("a", cfg(), replicas=2)], snap(jobs=[job("a", False)]))
+    assert a.kind == ActionKind.LAUNCH and a.replicas == 2 and a.offering == OFF
+    assert a.config.offering == OFF and a.config.replicas == 2
+
+
+def test_scale_same_shape_and_reset_lost_replicas() -> None:
+    running = dep("d1", "a", cfg(), ready=1)
+    (a,) = place([target("a", cfg(), replicas=3)], snap([running], [job("a")]))
+    assert a.kind == ActionKind.SCALE and a.replicas == 3 and a.deployment_id == "d1"
+    assert place([target("a", cfg(), replicas=1)], snap([running], [job("a")])) == []
+
+
+def test_relaunch_for_new_knobs_on_same_gpus_swap_otherwise() -> None:
+    running = dep("d1", "a", cfg())
+    (r,) = place([target("a", cfg(max_num_seqs=64))], snap([running], [job("a")]))
+    assert r.kind == ActionKind.RELAUNCH and r.deployment_id == "d1"
+    (s,) = place([target("a", cfg(), offering=OFF2)], snap([running], [job("a")]))
+    assert s.kind == ActionKind.SWAP and s.offering == OFF2
+    (t,) = place([target("a", cfg(tp=2))], snap([running], [job("a")]))
+    assert t.kind == ActionKind.SWAP  # more GPUs per replica: not the same GPUs
+
+
+def test_migration_budget_defers_extra_moves() -> None:
+    deps = [dep(f"d{i}", f"j{i}", cfg()) for i in range(3)]
+    targets = [target(f"j{i}", cfg(), offering=OFF2) for i in range(3)]
+    actions = place(targets, snap(deps, [job(f"j{i}") for i in range(3)]), migration_budget=2)
+    kinds = [a.kind for a in actions]
+    assert kinds.count(ActionKind.SWAP) == 2 and kinds.count(ActionKind.DEFER) == 1
+    assert "migration budget" in actions[-1].reason
+
+
+def test_no_second_swap_while_the_successor_starts() -> None:
+    old = dep("d1", "a", cfg())
+    new = dep("d2", "a", cfg(), offering=OFF2, state=DeploymentState.STARTING)
+    assert place([target("a", cfg(), offering=OFF2)], snap([old, new], [job("a")])) == []
+
+
+def test_reject_stops_and_finished_jobs_stop() -> None:
+    actions = place([Target("a", "reject", "no config meets TTFT")],
+                    snap(jobs=[job("a", admitted=False)]))
+    assert [a.kind for a in actions] == [ActionKind.REJECT]
+    assert actions[0].reason == "no config meets TTFT"
+    running = dep("d1", "b", cfg())
+    (stop,) = place([], snap([running], [job("b")]), finished=["b"])
+    assert stop.kind == ActionKind.STOP and stop.deployment_id == "d1"
+
+
+def test_defer_says_why_when_nothing_runs() -> None:
+    (a,) = place([Target("a", "defer", "no capacity: needs 8 GPUs")],
+                 snap(jobs=[job("a", False)]))
+    assert a.kind == ActionKind.DEFER and "no capacity" in a.reason
