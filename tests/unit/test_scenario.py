@@ -186,7 +186,7 @@ def test_base_scenario_and_sugar(tmp_path: Path) -> None:
     assert isinstance(nightly, BatchJob)
     assert (nightly.submit_s, nightly.deadline_s, nightly.due_s) == (1800, 7200, 9000)
     assert s.capacity_events[0].t_s == 3600 and s.capacity_events[0].note == "stock-out"
-    assert (s.sample_fraction, s.randomize_world, s.world) == (1.0, False, {})
+    assert (s.sample_fraction, s.randomize_world, s.world) == (None, False, {})  # None: the simulator picks
 
 
 def test_compact_fleet_form_resolves_to_the_offering(tmp_path: Path) -> None:

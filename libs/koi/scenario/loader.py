@@ -82,10 +82,12 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
     """
     out: dict[str, Any] = {
         "name": s.name, "description": s.description, "horizon": s.horizon_s,
-        "tick": s.tick_s, "seed": s.seed, "sample_fraction": s.sample_fraction,
+        "tick": s.tick_s, "seed": s.seed,
         "randomize_world": s.randomize_world, "world": copy.deepcopy(s.world),
         "fleet": [{"offering": f.offering, "gpus": f.gpus} for f in s.fleet],
     }
+    if s.sample_fraction is not None:
+        out["sample_fraction"] = s.sample_fraction
     if s.capacity_events:
         out["capacity_events"] = [
             {"at": e.t_s, "offering": e.offering, "delta_gpus": e.delta_gpus,
@@ -137,9 +139,11 @@ def _parse(ctx: Ctx, data: Any, *, default_name: str | None) -> Scenario:
     seed = integer(ctx, data, "seed", 0)
     if seed < 0:
         raise ctx.error("seed", f"must be >= 0 (got {seed})")
-    fraction = number(ctx, data, "sample_fraction", 1.0)
-    if not 0 < fraction <= 1:
-        raise ctx.error("sample_fraction", f"must be in (0, 1] (got {fraction:g})")
+    fraction: float | None = None
+    if data.get("sample_fraction") is not None:
+        fraction = number(ctx, data, "sample_fraction", 1.0)
+        if not 0 < fraction <= 1:
+            raise ctx.error("sample_fraction", f"must be in (0, 1] (got {fraction:g})")
     world = _world(ctx, data.get("world"))
     fleet = parse_fleet(ctx.at("fleet"), _required(ctx, data, "fleet"), ctx.catalog)
     events = parse_capacity_events(ctx.at("capacity_events"), data.get("capacity_events"),

@@ -41,7 +41,9 @@ class Scenario:
     # overrides of the simulator's hidden world parameters (validated by koi.sim.world)
     world: dict[str, Any] = field(default_factory=dict)
     randomize_world: bool = False   # draw world parameters around the defaults from the seed
-    sample_fraction: float = 1.0    # share of requests simulated (weighted), 0 < f ≤ 1
+    # share of online requests simulated (weighted), 0 < f ≤ 1; None = the simulator's
+    # automatic choice for the scenario's size
+    sample_fraction: float | None = None
     source: str = ""                # file it came from
 
     @property

@@ -1,0 +1,48 @@
+"""The simulated world Koi plans against: fleet, engines and hidden world parameters.
+
+``Simulator`` (tick-by-tick cluster), ``run`` (drive a policy through a scenario),
+``WorldParams``/``load_world``/``validate_world_overrides``/``randomize`` (the hidden
+world), ``to_prometheus_text`` (vLLM-style metrics), ``auto_sample_fraction`` and
+``thinning_error`` (thinned simulation), ``calibration_check`` (the world against the
+public measurements). The simulator never imports ``koi.predictor``: the planner must
+learn this world from telemetry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from koi.sim.simulator import Simulator, run
+from koi.sim.telemetry import TPOT_BOUNDS_S, TTFT_BOUNDS_S, to_prometheus_text
+from koi.sim.thinning import auto_sample_fraction, thinning_error
+from koi.sim.world import (
+    WorldParams,
+    default_world,
+    load_world,
+    randomize,
+    validate_world_overrides,
+)
+
+
+def calibration_check(*args: Any, **kwargs: Any) -> list[tuple[str, float, float]]:
+    """(label, measured, simulated) per in-scope measurement; see koi.sim.calibration."""
+    from koi.sim.calibration import calibration_check as check
+
+    return check(*args, **kwargs)
+
+
+__all__ = [
+    "TPOT_BOUNDS_S",
+    "TTFT_BOUNDS_S",
+    "Simulator",
+    "WorldParams",
+    "auto_sample_fraction",
+    "calibration_check",
+    "default_world",
+    "load_world",
+    "randomize",
+    "run",
+    "thinning_error",
+    "to_prometheus_text",
+    "validate_world_overrides",
+]

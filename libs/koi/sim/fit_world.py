@@ -1,0 +1,50 @@
+"""The simulator's own small fit of ``data/world.yaml`` efficiencies to the measurements.
+
+Coordinate search, per accelerator, of ``mem_eff`` and ``comp_eff`` over a grid,
+minimising the mean |log(simulated / measured)| (clipped at 1 so a few odd rows cannot
+dominate) of that accelerator's rows in ``calibration.load_rows``. Prints the values to
+paste into ``data/world.yaml``: ``python -m koi.sim.fit_world``. Offline tooling only; it
+must never import ``koi.predictor``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from koi.catalog import load_catalog
+from koi.sim.calibration import Row, load_rows, simulate_row
+from koi.sim.world import WorldParams, load_world
+
+GRID = (0.3, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.97)
+
+
+def _loss(rows: list[Row], world: WorldParams) -> float:
+    cat = load_catalog()
+    errs = [min(abs(math.log(simulate_row(r, cat, world) / r.value)), 1.0) for r in rows]
+    return sum(errs) / len(errs)
+
+
+def fit(sweeps: int = 1) -> WorldParams:
+    world = replace(load_world(), noise_sigma=0.0)
+    rows = load_rows()
+    by_accel: dict[str, list[Row]] = {}
+    for r in rows:
+        by_accel.setdefault(r.cfg.accelerator, []).append(r)
+    for _ in range(sweeps):
+        for accel, sub in sorted(by_accel.items()):
+            for name in ("mem_eff", "comp_eff"):
+                best = min(GRID, key=lambda v, n=name, a=accel: _loss(
+                    sub, replace(world, **{n: {**getattr(world, n), a: v}})))
+                world = replace(world, **{name: {**getattr(world, name), accel: best}})
+    return world
+
+
+def main() -> None:
+    w = fit()
+    print("mem_eff:", {k: w.mem_eff[k] for k in sorted(w.mem_eff)})
+    print("comp_eff:", {k: w.comp_eff[k] for k in sorted(w.comp_eff)})
+
+
+if __name__ == "__main__":
+    main()

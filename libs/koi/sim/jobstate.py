@@ -1,0 +1,155 @@
+"""Per-job bookkeeping of a simulated run: request accounting, queues, batch feeding.
+
+``JobState`` counts every request of a job (weighted): offered, served (with SLO hits),
+dropped with a reason, and still queued; it holds the queue of online requests that have
+no replica yet, and feeds a batch job's backlog to its replicas as fast as they absorb
+it. No routing across replicas, no fleet logic, no ``koi.predictor`` imports.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from koi.jobs import BatchJob, JobSpec, OnlineJob
+from koi.records import JobOutcome
+from koi.sim.replica import Completion, Replica, Req
+
+QUEUE_TIMEOUT_S = 60.0   # an online request with no replica waits this long, then drops
+BATCH_GROUPS = 8         # a batch replica's batch is fed as ~this many request groups
+
+
+class JobState:
+    """Accounting and queues of one job."""
+
+    def __init__(self, idx: int, spec: JobSpec, rng: np.random.Generator) -> None:
+        self.idx = idx
+        self.spec = spec
+        self.rng = rng
+        self.admitted = False
+        self.rejected = False
+        self.reason = ""
+        self.queue: deque[Req] = deque()      # online: no replica yet; batch: returned work
+        self.offered = self.offered_tokens = 0.0
+        self.served = self.served_tokens = self.good_tokens = 0.0
+        self.ttft_met = self.tpot_met = 0.0
+        self.dropped: dict[str, float] = {}
+        self.in_flight = 0.0                  # weighted requests on replicas
+        self.arrived_tick = 0.0
+        # batch
+        self.issued = 0.0
+        self.tokens_processed = self.tokens_by_deadline = 0.0
+        self._lens: tuple[np.ndarray, np.ndarray] | None = None
+        self._li = 0
+
+    @property
+    def is_batch(self) -> bool:
+        return isinstance(self.spec, BatchJob)
+
+    # --- online --------------------------------------------------------------------------
+
+    def arrivals(self, t0: float, t1: float, fraction: float) -> list[Req]:
+        """This window's requests, thinned to ``fraction`` (each weighted 1/fraction)."""
+        spec = self.spec
+        assert isinstance(spec, OnlineJob)
+        times, ins, outs = spec.sample_requests(self.rng, t0, t1)
+        if fraction < 1.0 and times.size:
+            keep = self.rng.random(times.size) < fraction
+            times, ins, outs = times[keep], ins[keep], outs[keep]
+        w = 1.0 / fraction
+        reqs = [Req(self.idx, float(t), int(i), int(o), w, 0.0)
+                for t, i, o in zip(times.tolist(), ins.tolist(), outs.tolist(), strict=True)]
+        self.offered += w * len(reqs)
+        self.offered_tokens += w * float(outs.sum())
+        self.arrived_tick = w * len(reqs)
+        return reqs
+
+    def expire(self, now: float) -> None:
+        """Drop online requests that waited for a replica longer than the timeout."""
+        if self.is_batch:
+            return
+        while self.queue and self.queue[0].arrival + QUEUE_TIMEOUT_S <= now:
+            self.drop(self.queue.popleft(), "no_capacity")
+
+    def drop(self, r: Req, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0.0) + r.w
+
+    # --- completions ---------------------------------------------------------------------
+
+    def complete(self, c: Completion) -> None:
+        self.served += c.w
+        self.served_tokens += c.w * c.out
+        if isinstance(self.spec, OnlineJob):
+            ok_ttft = c.ttft <= self.spec.slo.ttft_ms / 1e3
+            ok_tpot = c.tpot <= self.spec.slo.tpot_ms / 1e3
+            self.ttft_met += c.w * ok_ttft
+            self.tpot_met += c.w * ok_tpot
+            if ok_ttft and ok_tpot:
+                self.good_tokens += c.w * c.out
+
+    # --- batch feeding -------------------------------------------------------------------
+
+    @property
+    def batch_left(self) -> float:
+        spec = self.spec
+        return spec.num_requests - self.issued if isinstance(spec, BatchJob) else 0.0
+
+    def feed(self, rep: Replica) -> None:
+        """Top the replica's queue up to about one batch of work from the backlog."""
+        spec = self.spec
+        assert isinstance(spec, BatchJob)
+        target = rep.s.max_seqs
+        while rep.w_wait < target:
+            if self.queue:
+                r = self.queue.popleft()
+                r.arrival = rep.now
+            else:
+                left = spec.num_requests - self.issued
+                if left <= 1e-9:
+                    return
+                inp, out = self._next_lens()
+                w = min(self._group(rep, inp, out), left)
+                self.issued += w
+                r = Req(self.idx, rep.now, inp, out, w, 0.0)
+            rep.enqueue(r)
+
+    def _group(self, rep: Replica, inp: int, out: int) -> float:
+        # Batch requests have no SLO to sample, so they travel in groups sized to keep
+        # ~BATCH_GROUPS groups per replica batch (fewer simulated events, same load).
+        by_seqs = rep.s.max_seqs / BATCH_GROUPS
+        by_kv = rep.s.kv_cap / BATCH_GROUPS / (inp + out)
+        return float(max(1, int(min(by_seqs, by_kv))))
+
+    def _next_lens(self) -> tuple[int, int]:
+        spec = self.spec
+        if self._lens is None or self._li >= self._lens[0].size:
+            self._lens = (spec.input_len.sample(self.rng, 1024),
+                          spec.output_len.sample(self.rng, 1024))
+            self._li = 0
+        i = self._li
+        self._li += 1
+        return int(self._lens[0][i]), int(self._lens[1][i])
+
+    # --- the record ----------------------------------------------------------------------
+
+    def outcome(self, horizon_s: float, queued_reqs: float) -> JobOutcome:
+        spec = self.spec
+        common = dict(job_id=spec.id, kind=spec.kind, model=spec.model,
+                      submitted=spec.submit_s < horizon_s, admitted=self.admitted,
+                      rejected=self.rejected, reason=self.reason)
+        if isinstance(spec, BatchJob):
+            return JobOutcome(**common, served_requests=self.served,
+                              served_output_tokens=self.served_tokens,
+                              queued_at_end=spec.num_requests - self.served,
+                              tokens_requested=float(spec.total_output_tokens),
+                              tokens_by_deadline=self.tokens_by_deadline,
+                              tokens_processed=self.tokens_processed)
+        return JobOutcome(**common, offered_requests=self.offered,
+                          offered_output_tokens=self.offered_tokens,
+                          served_requests=self.served,
+                          dropped_requests=sum(self.dropped.values()),
+                          ttft_met_requests=self.ttft_met, tpot_met_requests=self.tpot_met,
+                          good_output_tokens=self.good_tokens,
+                          served_output_tokens=self.served_tokens,
+                          queued_at_end=queued_reqs)

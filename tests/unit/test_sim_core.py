@@ -1,0 +1,259 @@
+"""The simulator: determinism, accounting, lifecycles (start-up, swap, preemption, relaunch),
+KV overflow, thinning and refused actions — on tiny scenarios built in code."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from koi.catalog import load_catalog
+from koi.cluster import Action, ActionKind, PlanDecision
+from koi.scenario.types import CapacityEvent
+from koi.sim import Simulator, run, to_prometheus_text
+from koi.sim.physics import startup_s
+from koi.sim.replica import Replica, ReplicaSpec, Req
+from koi.sim.testing import FixedPolicy, batch_job, online_job, tiny_scenario
+from koi.sim.world import load_world
+from koi.space import engine_default_config, kv_capacity_tokens
+
+CAT = load_catalog()
+OD = "aws/us-east-1/h100-sxm/on_demand"
+SPOT = "aws/us-east-1/h100-sxm/spot"
+RUNPOD_SPOT = "runpod/us/h100-sxm/spot"
+
+
+def _cfg(offering: str = OD, **kw):
+    accel = CAT.offering(offering).accelerator
+    return engine_default_config("llama-3.1-8b", accel, "vllm", CAT, offering=offering, **kw)
+
+
+def _launch(job: str, offering: str = OD, replicas: int = 1, **kw) -> Action:
+    return Action(ActionKind.LAUNCH, job, "test", config=_cfg(offering, **kw),
+                  offering=offering, replicas=replicas)
+
+
+def _scenario(**kw):
+    return tiny_scenario([online_job("chat", rate=3), batch_job("bulk", 1500)], **kw)
+
+
+def _accounted(rec):
+    for j in rec.jobs:
+        if j.kind == "online":
+            total = j.served_requests + j.dropped_requests + j.queued_at_end
+            assert total == pytest.approx(j.offered_requests, rel=1e-9, abs=1e-6), j
+        else:
+            assert j.served_requests + j.queued_at_end == pytest.approx(
+                dataclasses.replace(j).served_requests + j.queued_at_end)
+
+
+def test_same_seed_same_record() -> None:
+    sc = _scenario(horizon_s=900)
+    a = run(sc, FixedPolicy([SPOT, OD]), seed=3)
+    b = run(sc, FixedPolicy([SPOT, OD]), seed=3)
+    c = run(sc, FixedPolicy([SPOT, OD]), seed=4)
+    assert a == b
+    assert a.jobs != c.jobs
+
+
+def test_every_request_accounted_and_capacity_respected() -> None:
+    sc = _scenario(horizon_s=1200, events=(CapacityEvent(600, OD, -15, "stock-out"),))
+    sim = Simulator(sc, seed=1)
+    pol = FixedPolicy([OD], replicas=4)
+    while not sim.done:
+        sim.apply(pol.decide(sim.snapshot(), []))
+        sim.advance()
+        for c in sim.snapshot().capacity:
+            assert c.used_gpus <= c.total_gpus
+    rec = sim.record("fixed")
+    _accounted(rec)
+    chat = next(j for j in rec.jobs if j.job_id == "chat")
+    assert chat.served_requests > 0 and chat.offered_requests > 0
+    assert any(e.kind == "stockout" and e.job_id for e in rec.events)
+
+
+def test_startup_time_is_provisioning_plus_weight_load() -> None:
+    world = load_world()
+    sc = tiny_scenario([online_job("chat", rate=2)], horizon_s=600)
+    sim = Simulator(sc, seed=0)
+    sim.apply(PlanDecision(0, (_launch("chat"),)))
+    expect = startup_s(_cfg(), CAT.offering(OD), CAT, world)
+    assert 150 <= expect <= 200  # aws provisioning 150 s + 16 GB at 2 GB/s
+    while sim.now + sim.scenario.tick_s <= expect:
+        sim.advance()
+        assert sim.snapshot().deployments[0].replicas_ready == 0
+    while sim.now < expect + 60:
+        sim.advance()
+    assert sim.snapshot().deployments[0].replicas_ready == 1
+    # requests that arrived before the replica was ready waited (TTFT ≥ the wait) or dropped
+    rec = sim.record("t")
+    assert rec.jobs[0].dropped_requests > 0  # the first ~100 s of arrivals timed out
+
+
+def test_swap_is_make_before_break() -> None:
+    sc = tiny_scenario([online_job("chat", rate=4)], horizon_s=1500)
+    sim = Simulator(sc, seed=0)
+    sim.apply(PlanDecision(0, (_launch("chat"),)))
+    for _ in range(5):
+        sim.advance()
+    old = sim.snapshot().deployments[0]
+    assert old.replicas_ready == 1
+    swap = Action(ActionKind.SWAP, "chat", "test", deployment_id=old.id,
+                  config=_cfg(max_num_seqs=128), offering=OD, replicas=1)
+    assert sim.apply(PlanDecision(sim.tick, (swap,)))[0].applied
+    served_during = []
+    while sim.now < 1200:
+        tel = sim.advance()
+        served_during.append(sum(t.requests_finished for t in tel))
+    deps = sim.snapshot().deployments
+    assert [d.id for d in deps] != [old.id] and all(d.id != old.id for d in deps)
+    assert min(served_during[:3]) > 0  # the old deployment kept serving while the new started
+    kinds = [e.kind for e in sim.record("t").events]
+    assert "swap" in kinds and "drain" in kinds
+
+
+def _preempt_world():
+    return load_world({"preemption_mult": {"aws": 1e5 / 3, "runpod": 1e5 / 3}})
+
+
+@pytest.mark.parametrize("offering,notice", [(SPOT, 120.0), (RUNPOD_SPOT, 0.0)])
+def test_spot_preemption(offering: str, notice: float) -> None:
+    sc = tiny_scenario([online_job("chat", rate=3)], {offering: 8, OD: 8}, horizon_s=900)
+    sim = Simulator(sc, seed=2, world=_preempt_world())
+    sim.apply(PlanDecision(0, (_launch("chat", offering, replicas=2),
+                               )))
+    while not sim.done:
+        sim.advance()
+    rec = sim.record("t")
+    ev = [e for e in rec.events if e.kind == "preemption"]
+    assert ev and f"notice {notice:g}s" in ev[0].detail
+    _accounted(rec)
+    assert sim.fleet.used.get(offering, 0) < 2  # the replicas were reclaimed
+
+
+def test_preempted_requests_requeue_to_other_replicas_or_drop() -> None:
+    sc = tiny_scenario([online_job("chat", rate=6, out=400)], {RUNPOD_SPOT: 8, OD: 8},
+                       horizon_s=900)
+    sim = Simulator(sc, seed=5, world=_preempt_world())
+    sim.apply(PlanDecision(0, (_launch("chat", RUNPOD_SPOT), _launch("chat", OD))))
+    while not sim.done:
+        sim.advance()
+    rec = sim.record("t")
+    _accounted(rec)
+    assert rec.jobs[0].served_requests > 0
+
+
+def test_kv_overflow_preempts_and_recomputes() -> None:
+    cfg = _cfg()
+    world = load_world()
+    from koi.sim.physics import step_coef
+    coef = step_coef(cfg, CAT, world)
+    cap = kv_capacity_tokens(CAT.model(cfg.model), CAT.accelerator(cfg.accelerator), cfg,
+                             CAT.engine("vllm"))
+    rep = Replica(ReplicaSpec(coef, cap, 1024, 8192, True), np.random.default_rng(0), 0.0)
+    n = int(cap / 1500 * 2)  # twice what the cache can hold once outputs grow
+    for _ in range(n):
+        rep.enqueue(Req(0, 0.0, 500, 1000, 1.0, 0.0))
+    rep.run_until(3600.0)
+    st = rep.take_stats()
+    assert st.preemptions > 0
+    assert len(st.done) == n and rep.empty
+    assert st.gen_tokens == pytest.approx(1000 * n)
+
+
+def test_thinning_keeps_throughput_unbiased() -> None:
+    sc = tiny_scenario([online_job("chat", rate=20, inp=400, out=100)], horizon_s=1200)
+    full = run(sc, FixedPolicy([OD], replicas=2), seed=7, sample_fraction=1.0)
+    thin = run(sc, FixedPolicy([OD], replicas=2), seed=7, sample_fraction=0.25)
+    a, b = full.jobs[0], thin.jobs[0]
+    assert b.served_output_tokens == pytest.approx(a.served_output_tokens, rel=0.1)
+    assert b.offered_requests == pytest.approx(a.offered_requests, rel=0.1)
+
+
+def test_bad_actions_are_refused_with_reasons() -> None:
+    sc = tiny_scenario([online_job("chat")], {OD: 2}, horizon_s=600)
+    sim = Simulator(sc, seed=0)
+    bad_cfg = _cfg().with_(tp=3)
+    actions = (
+        _launch("nope"),
+        Action(ActionKind.LAUNCH, "chat", "t", config=bad_cfg, offering=OD),
+        _launch("chat", replicas=3),
+        Action(ActionKind.SCALE, "chat", "t", deployment_id="ghost", replicas=2),
+        Action(ActionKind.LAUNCH, "chat", "t", config=_cfg(SPOT), offering=SPOT),
+        Action(ActionKind.LAUNCH, "chat", "t", config=None, offering=OD),
+    )
+    out = sim.apply(PlanDecision(0, actions))
+    assert not any(o.applied for o in out)
+    reasons = [o.reason for o in out]
+    assert "unknown job" in reasons[0]
+    assert "tp" in reasons[1] and "invalid config" in reasons[1]
+    assert "capacity" in reasons[2]
+    assert "unknown deployment" in reasons[3]
+    assert "capacity" in reasons[4]
+    assert "needs a config" in reasons[5]
+    assert sim.apply(PlanDecision(0, (_launch("chat"),)))[0].applied
+    rej = sim.apply(PlanDecision(0, (Action(ActionKind.REJECT, "chat", "t"),)))[0]
+    assert not rej.applied and "admitted" in rej.reason
+
+
+def test_reject_and_relaunch_and_stop() -> None:
+    sc = tiny_scenario([online_job("a"), online_job("b")], {OD: 4}, horizon_s=900)
+    sim = Simulator(sc, seed=0)
+    sim.apply(PlanDecision(0, (_launch("a"), Action(ActionKind.REJECT, "b", "no room"))))
+    for _ in range(5):
+        sim.advance()
+    dep = sim.snapshot().deployments[0]
+    out = sim.apply(PlanDecision(sim.tick, (Action(ActionKind.RELAUNCH, "a", "more seqs",
+                                                    deployment_id=dep.id,
+                                                    config=_cfg(max_num_seqs=64)),)))
+    assert out[0].applied, out[0].reason
+    d = sim.snapshot().deployments[0]
+    assert d.replicas_ready == 0 and d.replicas_starting == 1 and d.config.max_num_seqs == 64
+    sim.advance()
+    sim.apply(PlanDecision(sim.tick, (Action(ActionKind.STOP, "a", "done",
+                                              deployment_id=dep.id),)))
+    assert sim.snapshot().deployments == ()
+    while not sim.done:
+        sim.advance()
+    rec = sim.record("t")
+    b = next(j for j in rec.jobs if j.job_id == "b")
+    assert b.rejected and not b.admitted
+    kinds = {e.kind for e in rec.events}
+    assert {"admit", "launch", "reject", "relaunch", "stop"} <= kinds
+    _accounted(rec)
+
+
+def test_batch_progress_and_deadline() -> None:
+    sc = tiny_scenario([batch_job("bulk", 40000, deadline_s=400)], {OD: 8}, horizon_s=900)
+    rec = run(sc, FixedPolicy([OD], replicas=2), seed=0)
+    j = rec.jobs[0]
+    assert 0 < j.tokens_by_deadline < j.tokens_processed <= j.tokens_requested + 1e-6
+    assert j.served_requests + j.queued_at_end == pytest.approx(40000)
+
+
+def test_telemetry_renders_as_vllm_metrics() -> None:
+    sc = tiny_scenario([online_job("chat", rate=5)], horizon_s=600)
+    sim = Simulator(sc, seed=0)
+    sim.apply(PlanDecision(0, (_launch("chat"),)))
+    tel = []
+    while not sim.done:
+        tel = sim.advance()
+    t = tel[0]
+    assert sum(t.ttft_bucket_counts) == pytest.approx(t.requests_finished)
+    assert len(t.ttft_bucket_counts) == len(t.ttft_bucket_bounds_s) + 1
+    assert t.cost_usd > 0 and t.gpu_seconds == pytest.approx(60.0)
+    text = to_prometheus_text(t)
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                 "vllm:gpu_cache_usage_perc", "vllm:time_to_first_token_seconds_bucket",
+                 "vllm:time_per_output_token_seconds_bucket", "vllm:prompt_tokens_total",
+                 "vllm:generation_tokens_total", "vllm:num_preemptions_total"):
+        assert name in text
+    assert 'le="+Inf"' in text
+
+
+def test_spend_is_gpus_times_price_times_time() -> None:
+    sc = tiny_scenario([online_job("chat")], {OD: 4}, horizon_s=600)
+    rec = run(sc, FixedPolicy([OD], replicas=2), seed=0)
+    price = CAT.offering(OD).usd_per_gpu_hour
+    assert rec.spend_usd == pytest.approx(2 * price * 600 / 3600)
