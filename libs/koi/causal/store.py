@@ -1,0 +1,241 @@
+"""The belief store: every scoped belief, the KV-cliff beliefs and the playbook.
+
+``BeliefStore`` is immutable: ``update(observations, tick)`` returns the next store (a new
+``version``). Each observation's outcome residuals go to the edge ``attribute`` picks
+and update that edge's belief in *every* scope containing the deployment's scope, so
+general scopes learn from everything and specific ones only from their own. Reads back
+off from the most specific scope with enough support (``lookup``); ``correction`` gives
+the multipliers the evaluator applies to a raw prediction. ``to_bytes``/``from_bytes``
+round-trip the whole state losslessly (sorted-key JSON, zlib).
+
+No I/O and no clock: the tick is passed in.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from koi.causal.beliefs import Belief, BeliefConfig, ThresholdBelief
+from koi.causal.graph import BELIEF_EDGES, LEARNT_OUTCOMES, Edge
+from koi.causal.mechanisms import Mechanism, evaluate
+from koi.causal.observe import (
+    GRAPH_OUTCOME,
+    OutcomeObservation,
+    Regimes,
+    attribute,
+    log_residuals,
+)
+from koi.causal.scope import GLOBAL, Scope, contains, generalisations
+from koi.predictor.types import Prediction
+
+FORMAT = "koi.causal/1"
+LOOKUP_MIN_SUPPORT = 3  # observations a scope needs before a lookup trusts it
+
+
+@dataclass(frozen=True, slots=True)
+class MechanismCounts:
+    active: int
+    applicable: int
+    discovered: int  # cumulative: every mechanism ever promoted, retired ones included
+
+
+@dataclass(frozen=True, slots=True)
+class BeliefStore:
+    """All beliefs (each as of ``tick``), KV-cliff beliefs per scope, and mechanisms.
+
+    The mappings are never mutated after construction; ``update`` builds new ones.
+    """
+
+    config: BeliefConfig = field(default_factory=BeliefConfig)
+    regimes: Regimes = field(default_factory=Regimes)
+    tick: int = 0
+    version: int = 0
+    beliefs: Mapping[tuple[Edge, Scope], Belief] = field(default_factory=dict)
+    cliffs: Mapping[Scope, ThresholdBelief] = field(default_factory=dict)
+    mechanisms: Mapping[str, Mechanism] = field(default_factory=dict)
+
+    # --- learning ---------------------------------------------------------------------
+
+    def update(self, observations: Iterable[OutcomeObservation], tick: int) -> BeliefStore:
+        """The store after one tick's observations (decay to ``tick``, then update)."""
+        if tick < self.tick:
+            raise ValueError(f"tick {tick} is before the store's tick {self.tick}")
+        cfg, gamma = self.config, self.config.decay
+        beliefs = {k: b.decayed(tick, gamma) for k, b in self.beliefs.items()}
+        cliffs = {k: c.decayed(tick, gamma) for k, c in self.cliffs.items()}
+        # Evidence per (edge, scope), in a sorted order so that the float sums do not
+        # depend on message arrival order; each belief is then rebuilt once.
+        evidence: dict[tuple[Edge, Scope], list[tuple[float, float, float, str]]] = {}
+        kv_evidence: dict[Scope, list[tuple[float, float, float]]] = {}
+        for obs in sorted(observations, key=_order):
+            w = cfg.obs_weight(obs.weight)
+            if w <= 0.0:
+                continue
+            mediators = obs.mediators()
+            residuals = log_residuals(obs)
+            scopes = generalisations(obs.scope)
+            source = obs.scope.key()
+            for outcome in LEARNT_OUTCOMES:
+                if outcome in residuals:
+                    edge = attribute(outcome, mediators, self.regimes)
+                    item = (residuals[outcome], cfg.noise(outcome), w, source)
+                    for scope in scopes:
+                        evidence.setdefault((edge, scope), []).append(item)
+            if "tpot" in residuals:
+                for scope in scopes:
+                    kv_evidence.setdefault(scope, []).append(
+                        (mediators["kv_pressure"], residuals["tpot"], w))
+        for (edge, scope), items in evidence.items():
+            b = beliefs.get((edge, scope)) or Belief.prior(edge, scope, cfg, tick)
+            beliefs[(edge, scope)] = b.observe_many(items, tick)
+        for scope, kv_items in kv_evidence.items():
+            c = cliffs.get(scope) or ThresholdBelief(scope=scope, as_of=tick)
+            cliffs[scope] = c.observe_many(kv_items, tick)
+        mechanisms = evaluate(beliefs.values(), self.mechanisms, tick, cfg, self.regimes)
+        return replace(self, tick=tick, version=self.version + 1, beliefs=beliefs,
+                       cliffs=cliffs, mechanisms=mechanisms)
+
+    # --- reading ----------------------------------------------------------------------
+
+    def belief(self, edge: Edge, scope: Scope) -> Belief | None:
+        """The belief filed exactly under (edge, scope), if any."""
+        return self.beliefs.get((edge, scope))
+
+    def lookup(self, edge: Edge, scope: Scope, min_support: int = LOOKUP_MIN_SUPPORT
+               ) -> Belief:
+        """The most specific belief containing ``scope`` with support ≥ ``min_support``;
+        the prior (θ = 0 at ``*``) when no scope has that much evidence."""
+        for s in generalisations(scope):
+            b = self.beliefs.get((edge, s))
+            if b is not None and b.support >= min_support:
+                return b
+        return Belief.prior(edge, GLOBAL, self.config, self.tick)
+
+    def correction(self, scope: Scope, mediators: Mapping[str, float] | None = None,
+                   min_support: int = LOOKUP_MIN_SUPPORT) -> dict[str, float]:
+        """Multipliers on the raw prediction: ``{"ttft", "tpot", "throughput"}`` →
+        exp(posterior mean) of the belief on the edge ``attribute`` picks for these
+        mediators (graph or Prediction names; None = base regime). p95s take their
+        mean's multiplier; cost per token scales with 1 / throughput."""
+        return {o: self.lookup(attribute(o, mediators, self.regimes), scope,
+                               min_support).multiplier for o in LEARNT_OUTCOMES}
+
+    def corrected_residuals(self, obs: OutcomeObservation,
+                            min_support: int = LOOKUP_MIN_SUPPORT) -> dict[str, float]:
+        """log(observed / corrected prediction) per outcome — what calibration sees.
+        Call on the store *before* it learns from ``obs``."""
+        mult = self.correction(obs.scope, obs.mediators(), min_support)
+        return {o: r - math.log(mult[GRAPH_OUTCOME[o]]) for o, r in log_residuals(obs).items()}
+
+    def kv_cliff(self, scope: Scope, min_support: int = LOOKUP_MIN_SUPPORT
+                 ) -> tuple[float, float] | None:
+        """(cliff position, P(a cliff exists)) from the most specific scope with support."""
+        for s in generalisations(scope):
+            c = self.cliffs.get(s)
+            if c is not None and c.support >= min_support:
+                return c.cliff(self.config.noise("tpot"), self.config.prior_sd)
+        return None
+
+    # --- the playbook -----------------------------------------------------------------
+
+    def active_mechanisms(self) -> tuple[Mechanism, ...]:
+        return tuple(m for _, m in sorted(self.mechanisms.items()) if m.active)
+
+    def applicable_mechanisms(self, scopes: Iterable[Scope]) -> tuple[Mechanism, ...]:
+        """Active mechanisms whose scope contains at least one of ``scopes``, strongest
+        effect first."""
+        targets = tuple(scopes)
+        found = [m for m in self.active_mechanisms()
+                 if any(contains(m.scope, s) for s in targets)]
+        return tuple(sorted(found, key=lambda m: (-abs(math.log(m.effect)), m.id)))
+
+    def counts(self, scopes: Iterable[Scope] = ()) -> MechanismCounts:
+        return MechanismCounts(active=len(self.active_mechanisms()),
+                               applicable=len(self.applicable_mechanisms(scopes)),
+                               discovered=len(self.mechanisms))
+
+    # --- serialisation ----------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        return zlib.compress(json.dumps(_encode(self), sort_keys=True,
+                                        separators=(",", ":")).encode(), 9)
+
+    @staticmethod
+    def from_bytes(data: bytes) -> BeliefStore:
+        doc = json.loads(zlib.decompress(data))
+        if doc.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT} document: format={doc.get('format')!r}")
+        return _decode(doc)
+
+
+def _order(o: OutcomeObservation) -> tuple:
+    """A total order on observations (ties in id broken by content)."""
+    return (o.deployment_id, o.job_id, o.tick, o.scope.key(), o.weight,
+            sorted(o.predicted.items()), sorted(o.observed.items()))
+
+
+def apply_correction(prediction: Prediction, multipliers: Mapping[str, float]) -> Prediction:
+    """``prediction`` with ``correction`` multipliers applied to its outcomes (latency
+    means, percentiles and e2e latency; throughputs and rates; cost per token ∝ 1/tput)."""
+    t, p, x = (multipliers.get(k, 1.0) for k in LEARNT_OUTCOMES)
+    decode_ms = max(prediction.e2e_latency_s * 1000.0 - prediction.ttft_ms, 0.0)
+    return replace(
+        prediction, ttft_ms=prediction.ttft_ms * t, ttft_p50_ms=prediction.ttft_p50_ms * t,
+        ttft_p95_ms=prediction.ttft_p95_ms * t, tpot_ms=prediction.tpot_ms * p,
+        tpot_p50_ms=prediction.tpot_p50_ms * p, tpot_p95_ms=prediction.tpot_p95_ms * p,
+        e2e_latency_s=(prediction.ttft_ms * t + decode_ms * p) / 1000.0,
+        output_throughput_tok_s=prediction.output_throughput_tok_s * x,
+        total_throughput_tok_s=prediction.total_throughput_tok_s * x,
+        cost_per_mtok_usd=prediction.cost_per_mtok_usd / x)
+
+
+_BELIEF_FIELDS = tuple(f.name for f in fields(Belief) if f.name not in ("edge", "scope"))
+_CLIFF_FIELDS = tuple(f.name for f in fields(ThresholdBelief) if f.name != "scope")
+_MECH_FIELDS = tuple(f.name for f in fields(Mechanism) if f.name not in ("scope", "edge"))
+
+
+def _encode(store: BeliefStore) -> dict[str, Any]:
+    cfg = asdict(store.config)
+    beliefs = sorted(([*b.edge, b.scope.key(), *(getattr(b, n) for n in _BELIEF_FIELDS)]
+                      for b in store.beliefs.values()), key=lambda row: row[:3])
+    cliffs = sorted(([c.scope.key(), *(getattr(c, n) for n in _CLIFF_FIELDS)]
+                     for c in store.cliffs.values()), key=lambda row: row[0])
+    mechs = sorted(([*m.edge, m.scope.key(), *(getattr(m, n) for n in _MECH_FIELDS)]
+                    for m in store.mechanisms.values()), key=lambda row: row[3])
+    return {"format": FORMAT, "tick": store.tick, "version": store.version, "config": cfg,
+            "regimes": asdict(store.regimes), "belief_fields": list(_BELIEF_FIELDS),
+            "beliefs": beliefs, "cliff_fields": list(_CLIFF_FIELDS), "cliffs": cliffs,
+            "mechanism_fields": list(_MECH_FIELDS), "mechanisms": mechs}
+
+
+def _tuples(v: Any) -> Any:
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
+
+
+def _decode(doc: dict[str, Any]) -> BeliefStore:
+    cfg = BeliefConfig(**{k: _tuples(v) for k, v in doc["config"].items()})
+    beliefs: dict[tuple[Edge, Scope], Belief] = {}
+    for row in doc["beliefs"]:
+        edge, scope = (row[0], row[1]), Scope.from_key(row[2])
+        if edge not in BELIEF_EDGES:
+            raise ValueError(f"belief on unknown edge {edge}")
+        vals = {k: _tuples(v) for k, v in zip(doc["belief_fields"], row[3:], strict=True)}
+        beliefs[(edge, scope)] = Belief(edge=edge, scope=scope, **vals)
+    cliffs = {}
+    for row in doc["cliffs"]:
+        scope = Scope.from_key(row[0])
+        vals = {k: _tuples(v) for k, v in zip(doc["cliff_fields"], row[1:], strict=True)}
+        cliffs[scope] = ThresholdBelief(scope=scope, **vals)
+    mechanisms = {}
+    for row in doc["mechanisms"]:
+        vals = dict(zip(doc["mechanism_fields"], row[3:], strict=True))
+        mechanisms[vals["id"]] = Mechanism(edge=(row[0], row[1]), scope=Scope.from_key(row[2]),
+                                           **vals)
+    return BeliefStore(config=cfg, regimes=Regimes(**doc["regimes"]), tick=doc["tick"],
+                       version=doc["version"], beliefs=beliefs, cliffs=cliffs,
+                       mechanisms=mechanisms)
