@@ -1,0 +1,219 @@
+"""The composition problem in array form, its pruning and its objective.
+
+``build_problem`` turns a ``ComposeInput`` into per-job and per-candidate coefficient
+arrays (one definition of the objective that the MILP, the greedy and the tests share),
+drops candidates that can never be chosen (SLO-infeasible, not fitting free capacity,
+losing money on every replica) and keeps the top-K per job by value density.
+``evaluate`` scores an assignment exactly. No solver calls, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from koi.compose.types import (
+    SECONDS_PER_HOUR,
+    CandidateTable,
+    ComposeInput,
+    JobDemand,
+    JobKind,
+)
+from koi.errors import InvalidSpecError
+
+EPS = 1e-9
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    """Per-job arrays (length J), full-table arrays (length N) and kept candidates (n)."""
+
+    jobs: tuple[JobDemand, ...]
+    table: CandidateTable
+    offerings: tuple[str, ...]
+    free: np.ndarray             # (O,) free GPUs per offering
+    demand: np.ndarray           # (J,) tok/s wanted
+    value: np.ndarray            # (J,) objective units per (tok/s · hour) at zero risk
+    # over the full table (N,)
+    job_of: np.ndarray           # job index of each row
+    off_of: np.ndarray           # offering index of each row
+    cap: np.ndarray              # effective served tok/s per replica (after preemption)
+    a: np.ndarray                # value coefficient per served tok/s·hour, after risk
+    cost: np.ndarray             # weighted $ per replica-hour
+    churn: np.ndarray            # weighted migration cost (0 for the current candidate)
+    lo: np.ndarray               # min replicas when chosen
+    hi: np.ndarray               # max useful replicas that fit free capacity
+    fits: np.ndarray             # feasible and lo replicas fit free capacity
+    profitable: np.ndarray       # fits and one fully used replica earns more than it costs
+    density: np.ndarray          # net value per GPU-hour at full use
+    kept: np.ndarray             # (n,) row indices handed to the solvers, grouped by job
+
+    @property
+    def n(self) -> int:
+        return len(self.kept)
+
+    def rows_of(self, j: int) -> np.ndarray:
+        """All table rows of job ``j`` (any feasibility)."""
+        return np.flatnonzero(self.job_of == j)
+
+
+@dataclass(frozen=True, eq=False)
+class Assignment:
+    """A solution: per job the chosen table row (−1 = none) and its replicas."""
+
+    row: np.ndarray        # (J,) int
+    replicas: np.ndarray   # (J,) int
+
+
+def build_problem(inp: ComposeInput) -> Problem:
+    jobs = tuple(inp.jobs)
+    table = inp.table()
+    w = inp.weights
+    jindex = {j.job_id: i for i, j in enumerate(jobs)}
+    try:
+        job_of = np.fromiter((jindex[j] for j in table.job_id), np.int64, len(table))
+    except KeyError as e:
+        raise InvalidSpecError("candidates.job_id", f"unknown job {e.args[0]!r}") from None
+
+    offerings = tuple(sorted(set(inp.capacity) | set(table.offering.tolist())))
+    oindex = {o: i for i, o in enumerate(offerings)}
+    off_of = np.fromiter((oindex[o] for o in table.offering), np.int64, len(table))
+    free = np.array([int(inp.capacity.get(o, 0)) for o in offerings], dtype=np.int64)
+
+    kind_online = np.array([j.kind == JobKind.ONLINE for j in jobs], dtype=bool)
+    tpr = _tokens_per_request(jobs, table, job_of)
+    demand = np.array([_demand(j, t) for j, t in zip(jobs, tpr, strict=True)], dtype=np.float64)
+    value = np.array([SECONDS_PER_HOUR * j.value_per_tok * w.priority_factor(j.priority)
+                      for j in jobs], dtype=np.float64)
+
+    gpr = table.gpus_per_replica
+    cap = table.goodput_tok_s.copy()
+    online_rows = kind_online[job_of] & (table.max_rate_rps > 0) & (tpr[job_of] > 0)
+    cap[online_rows] = np.minimum(cap[online_rows],
+                                  table.max_rate_rps[online_rows] * tpr[job_of][online_rows])
+    cap *= np.clip(1.0 - w.preemption * table.preemption_exposure, 0.0, 1.0)
+    cap[cap < 1e-6] = 0.0   # a millionth of a token per second is nothing (and overflows)
+    a = value[job_of] * np.clip(1.0 - w.risk * table.slo_risk, 0.0, 1.0)
+    cost = w.cost * table.usd_per_hour
+    churn = np.where(table.is_current, 0.0, w.churn * table.migration_cost)
+
+    min_r = np.array([max(1, j.min_replicas) for j in jobs], dtype=np.int64)
+    max_r = np.array([j.max_replicas for j in jobs], dtype=np.int64)
+    lo = min_r[job_of]
+    fit_r = free[off_of] // gpr
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        need = np.where(cap > 0, np.ceil(demand[job_of] / cap - EPS), 0.0)
+    need = np.minimum(need, float(max_r.max(initial=1))).astype(np.int64)
+    hi = np.minimum(np.minimum(max_r[job_of], fit_r), np.maximum(lo, need))
+    fits = table.feasible_slo & (fit_r >= lo) & (lo <= max_r[job_of])
+    net = a * cap - cost
+    profitable = fits & (cap > 0) & (net > EPS) & (demand[job_of] > 0)
+    density = net / gpr
+    kept = _prune(profitable, job_of, off_of, density, table.is_current, inp.top_k)
+    return Problem(jobs=jobs, table=table, offerings=offerings, free=free, demand=demand,
+                   value=value, job_of=job_of, off_of=off_of, cap=cap, a=a, cost=cost,
+                   churn=churn, lo=lo, hi=hi, fits=fits, profitable=profitable,
+                   density=density, kept=kept)
+
+
+def _tokens_per_request(jobs: tuple[JobDemand, ...], table: CandidateTable,
+                        job_of: np.ndarray) -> np.ndarray:
+    """Online jobs' output tokens per request: given, else the median goodput ÷ max rate."""
+    out = np.array([j.output_tok_per_request for j in jobs], dtype=np.float64)
+    ok = table.feasible_slo & (table.max_rate_rps > 1e-6) & (table.goodput_tok_s > 1e-6)
+    for i, j in enumerate(jobs):
+        if j.kind != JobKind.ONLINE or out[i] > 0:
+            continue
+        rows = ok & (job_of == i)
+        if rows.any():
+            out[i] = float(np.median(table.goodput_tok_s[rows] / table.max_rate_rps[rows]))
+    return out
+
+
+def _demand(job: JobDemand, tok_per_request: float) -> float:
+    if job.kind == JobKind.BATCH:
+        return job.required_tok_s
+    return job.demand_rate_rps * tok_per_request
+
+
+def _prune(ok: np.ndarray, job_of: np.ndarray, off_of: np.ndarray, density: np.ndarray,
+           current: np.ndarray, k: int) -> np.ndarray:
+    """Per job keep ≤ k rows: its current row, the best row per offering, then the densest.
+
+    The best-per-offering tier keeps the MILP able to move a job to another offering when
+    its favourite one is contested, instead of K near-copies on one offering.
+    """
+    rows = np.flatnonzero(ok)
+    if rows.size == 0:
+        return rows
+    j, o, d = job_of[rows], off_of[rows], density[rows]
+    by_off = np.lexsort((rows, -d, o, j))
+    first = np.ones(rows.size, dtype=bool)
+    first[1:] = (j[by_off][1:] != j[by_off][:-1]) | (o[by_off][1:] != o[by_off][:-1])
+    tier = np.full(rows.size, 2, dtype=np.int64)
+    tier[by_off[first]] = 1
+    tier[current[rows]] = 0
+    order = np.lexsort((rows, -d, tier, j))
+    js = j[order]
+    starts = np.flatnonzero(np.r_[True, js[1:] != js[:-1]])
+    rank = np.arange(rows.size) - np.repeat(starts, np.diff(np.r_[starts, rows.size]))
+    keep = order[(rank < k) | (tier[order] == 0)]
+    return np.sort(rows[keep], kind="stable")
+
+
+def contribution(p: Problem, row: int, replicas: int) -> tuple[float, float]:
+    """(objective term, served tok/s) of running ``replicas`` of table row ``row``."""
+    served = min(float(p.demand[p.job_of[row]]), float(p.cap[row]) * replicas)
+    obj = float(p.a[row]) * served - float(p.cost[row]) * replicas - float(p.churn[row])
+    return obj, served
+
+
+def evaluate(p: Problem, sol: Assignment) -> float:
+    """The objective of an assignment, objective units per hour."""
+    return sum(contribution(p, int(r), int(x))[0]
+               for r, x in zip(sol.row, sol.replicas, strict=True) if r >= 0)
+
+
+def gpus_used(p: Problem, sol: Assignment) -> np.ndarray:
+    """(O,) GPUs the assignment uses per offering."""
+    used = np.zeros(len(p.offerings), dtype=np.int64)
+    for r, x in zip(sol.row, sol.replicas, strict=True):
+        if r >= 0:
+            used[p.off_of[r]] += int(p.table.gpus_per_replica[r]) * int(x)
+    return used
+
+
+def check_assignment(p: Problem, sol: Assignment) -> str:
+    """'' if the assignment is valid, else what is wrong (used to vet solver output)."""
+    for j, (r, x) in enumerate(zip(sol.row, sol.replicas, strict=True)):
+        if r < 0:
+            if x != 0:
+                return f"job {p.jobs[j].job_id} has replicas but no candidate"
+            continue
+        if p.job_of[r] != j or not p.table.feasible_slo[r]:
+            return f"job {p.jobs[j].job_id} got a foreign or SLO-infeasible candidate"
+        if not p.lo[r] <= x <= p.jobs[j].max_replicas:
+            return f"job {p.jobs[j].job_id} got {x} replicas outside its bounds"
+    over = np.flatnonzero(gpus_used(p, sol) > p.free)
+    if over.size:
+        return f"offering {p.offerings[int(over[0])]} over capacity"
+    return ""
+
+
+def empty_assignment(n_jobs: int) -> Assignment:
+    return Assignment(row=np.full(n_jobs, -1, dtype=np.int64),
+                      replicas=np.zeros(n_jobs, dtype=np.int64))
+
+
+def best_replicas(p: Problem, row: int, limit: int) -> int:
+    """The replica count in [lo, limit] that maximises the row's objective term (0 if none)."""
+    lo = int(p.lo[row])
+    if limit < lo:
+        return 0
+    cap, d = float(p.cap[row]), float(p.demand[p.job_of[row]])
+    exact = d / cap if cap > 0 else 0.0
+    options = {lo, limit, min(max(math.floor(exact + EPS), lo), limit),
+               min(max(math.ceil(exact - EPS), lo), limit)}
+    return max(sorted(options), key=lambda r: contribution(p, row, r)[0])
