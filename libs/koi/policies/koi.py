@@ -1,0 +1,54 @@
+"""Koi and its ablations as registered policies.
+
+A thin shell around ``koi.planner.tick.plan_tick``: it keeps the planner state (beliefs,
+DRO calibrator) between ticks and the per-tick reports (for the learning curves and
+explanations). ``koi-no-causal`` drops beliefs and mechanisms, ``koi-no-learning``
+freezes them (and the radius) at the prior, ``koi-no-dro`` plans on the nominal
+prediction. No planning logic here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from koi.catalog import Catalog
+from koi.cluster import ClusterSnapshot, DeploymentTelemetry, PlanDecision
+from koi.planner.tick import KoiSettings, KoiState, TickReport, plan_tick
+from koi.policies.base import Policy, register
+
+
+class _KoiBase(Policy):
+    settings = KoiSettings()
+
+    def __init__(self, catalog: Catalog | None = None, seed: int = 0) -> None:
+        super().__init__(catalog, seed)
+        self.state = KoiState()
+        self.reports: list[TickReport] = []
+
+    def decide(self, snapshot: ClusterSnapshot,
+               telemetry: Sequence[DeploymentTelemetry]) -> PlanDecision:
+        decision, report, self.state = plan_tick(snapshot, telemetry, self.state,
+                                                 self.settings, self.catalog)
+        self.reports.append(report)
+        return decision
+
+
+@register("koi")
+class Koi(_KoiBase):
+    settings = KoiSettings()
+
+
+@register("koi-no-causal")
+class KoiNoCausal(_KoiBase):
+    settings = replace(KoiSettings(), use_beliefs=False)
+
+
+@register("koi-no-learning")
+class KoiNoLearning(_KoiBase):
+    settings = replace(KoiSettings(), learn=False)
+
+
+@register("koi-no-dro")
+class KoiNoDro(_KoiBase):
+    settings = replace(KoiSettings(), use_dro=False)
