@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -103,7 +103,18 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
         return Evaluated((), *(empty,) * 9, np.zeros(0, dtype=bool))
     X = build_inputs(pairs, cat, cal)
     Y = evaluate_matrix(X, backend=backend)
-    return _score(tuple(proposals), pairs, rob, loads, Y)
+    ev = _score(tuple(proposals), pairs, rob, loads, Y)
+    # jobs no candidate serves robustly: also the nominal answer, for best-effort service
+    lost = {p.job_id for p in proposals} - {p.job_id for p, ok in
+                                             zip(proposals, ev.slo_feasible, strict=True) if ok}
+    idx = [i for i, p in enumerate(proposals) if p.job_id in lost]
+    if idx and any(r != NOMINAL for r in rob):
+        nominal = [(pairs[i][0], replace(pairs[i][1], slo_ttft_ms=loads[proposals[i].job_id]
+                                         .slo_ttft_ms, slo_tpot_ms=loads[proposals[i].job_id]
+                                         .slo_tpot_ms)) for i in idx]
+        Yn = evaluate_matrix(build_inputs(nominal, cat, cal), backend=backend)
+        ev.nominal_max_rate_rps[idx] = Yn[OUT["max_rate_slo"]]
+    return ev
 
 
 def _score(proposals: tuple[Proposal, ...], pairs: list[tuple], rob: list[Robustness],

@@ -65,6 +65,4 @@ def policy_names() -> list[str]:
 
 def _load_builtin_policies() -> None:
     """Import the modules whose classes register themselves."""
-    import koi.policies.baselines  # noqa: F401
-    import koi.policies.koi  # noqa: F401
-    from koi.policies import practitioners  # noqa: F401
+    from koi.policies import baselines, koi, practitioners  # noqa: F401

@@ -1,0 +1,172 @@
+"""From jobs and evaluated proposals to the composer's inputs.
+
+* ``job_loads`` — what each job asks of a deployment this tick (observed rate with
+  headroom, mean lengths, p95 SLOs; batch: its lengths);
+* ``scored_candidates`` — every evaluated configuration priced on every offering of its
+  accelerator (structure of arrays), with preemption exposure, whether it is the job's
+  running deployment and what moving to it would cost;
+* ``job_demands`` — each job's demand and value for the composer.
+
+Pure functions; no prediction (that is the evaluator's), no solving.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from koi.catalog import Catalog
+from koi.cluster import ClusterSnapshot, DeploymentState, JobStatus
+from koi.compose import CandidateTable, JobDemand
+from koi.jobs import BatchJob, OnlineJob
+from koi.planner.evaluate import Evaluated, JobLoad
+
+# a replica lost to a spot reclaim costs about this long before its successor serves
+RECLAIM_LOSS_H = 0.15
+MAX_REPLICAS = 64
+VALUE_PER_TOK = 1e-4  # objective units ($) per served token at priority 5
+
+
+def job_loads(jobs: Sequence[JobStatus], snapshot: ClusterSnapshot,
+              headroom: float) -> dict[str, JobLoad]:
+    out = {}
+    for job in jobs:
+        spec = job.spec
+        i_len, o_len = spec.input_len.mean_value(), spec.output_len.mean_value()
+        if isinstance(spec, OnlineJob):
+            rate = job.observed_rate_rps or spec.arrival.mean_rate()
+            out[job.id] = JobLoad(job.id, i_len, o_len, rate * headroom,
+                                  slo_ttft_ms=spec.slo.ttft_ms, slo_tpot_ms=spec.slo.tpot_ms)
+        else:
+            out[job.id] = JobLoad(job.id, i_len, o_len, 0.0, batch=True)
+    return out
+
+
+def _live_by_job(snapshot: ClusterSnapshot) -> dict[str, list]:
+    live: dict[str, list] = defaultdict(list)
+    for d in snapshot.deployments:
+        if d.state in (DeploymentState.RUNNING, DeploymentState.STARTING):
+            live[d.job_id].append(d)
+    return live
+
+
+def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog,
+                      churn_hours: float) -> tuple[CandidateTable, dict[str, int]]:
+    """(candidates × offerings table, capacity per offering incl. the jobs' own GPUs)."""
+    offers_by_accel: dict[str, list] = defaultdict(list)
+    for cap in snapshot.capacity:
+        if cap.total_gpus > 0:
+            off = catalog.offering(cap.offering)
+            offers_by_accel[off.accelerator].append(off)
+    live = _live_by_job(snapshot)
+    admitted = {j.id for j in snapshot.jobs if j.admitted}
+    feasible_jobs = {p.job_id for p, ok in zip(ev.proposals, ev.slo_feasible, strict=True)
+                     if ok}
+    rows: dict[str, list] = defaultdict(list)
+    configs = []
+    for i, p in enumerate(ev.proposals):
+        goodput, rate, feasible = ev.goodput_tok_s[i], ev.max_rate_rps[i], ev.slo_feasible[i]
+        if p.job_id in admitted and p.job_id not in feasible_jobs:
+            # an admitted job is never dropped: when nothing meets its SLO robustly, plan
+            # on the nominal prediction (best effort) rather than stop serving it
+            scale = ev.nominal_max_rate_rps[i] / max(ev.max_rate_rps[i], 1e-12) \
+                if ev.max_rate_rps[i] > 0 else 0.0
+            rate = ev.nominal_max_rate_rps[i]
+            goodput = goodput * scale if scale else rate * _out_len(ev, i)
+            feasible = rate > 0
+        current = [(d.config.with_(offering="", replicas=1), d.offering)
+                   for d in live.get(p.job_id, [])]
+        held = sum(d.replicas_ready + d.replicas_starting for d in live.get(p.job_id, []))
+        for off in offers_by_accel.get(p.config.accelerator, []):
+            usd = off.usd_per_gpu_hour * p.config.gpus_per_replica
+            is_current = (p.config, off.id) in current
+            rows["job_id"].append(p.job_id)
+            rows["candidate_id"].append(f"{i}@{off.id}")
+            rows["offering"].append(off.id)
+            rows["gpus"].append(p.config.gpus_per_replica)
+            rows["goodput"].append(goodput)
+            rows["usd"].append(usd)
+            rows["rate"].append(rate)
+            rows["preempt"].append(min(off.preemption_rate_per_hour * RECLAIM_LOSS_H, 1.0))
+            rows["current"].append(is_current)
+            # moving re-provisions every replica the job holds now
+            rows["churn"].append(0.0 if is_current or not current
+                                 else churn_hours * usd * max(held, 1))
+            rows["feasible"].append(bool(feasible))
+            configs.append(p.config.with_(offering=off.id))
+    n = len(configs)
+    table = CandidateTable(
+        job_id=np.array(rows["job_id"], dtype=object),
+        candidate_id=np.array(rows["candidate_id"], dtype=object),
+        offering=np.array(rows["offering"], dtype=object),
+        gpus_per_replica=np.array(rows["gpus"], dtype=np.int64),
+        goodput_tok_s=np.array(rows["goodput"], dtype=np.float64),
+        usd_per_hour=np.array(rows["usd"], dtype=np.float64),
+        max_rate_rps=np.array(rows["rate"], dtype=np.float64),
+        slo_risk=np.zeros(n), preemption_exposure=np.array(rows["preempt"], dtype=np.float64),
+        is_current=np.array(rows["current"], dtype=bool),
+        migration_cost=np.array(rows["churn"], dtype=np.float64),
+        feasible_slo=np.array(rows["feasible"], dtype=bool), configs=tuple(configs))
+    return table, _capacity(snapshot)
+
+
+def _out_len(ev: Evaluated, i: int) -> float:
+    rate = ev.max_rate_rps[i]
+    return float(ev.goodput_tok_s[i] / rate) if rate > 0 else 0.0
+
+
+def _capacity(snapshot: ClusterSnapshot) -> dict[str, int]:
+    """Free GPUs plus those the planned jobs' own live deployments hold."""
+    cap = {c.offering: c.free_gpus for c in snapshot.capacity}
+    for d in snapshot.deployments:
+        if d.state in (DeploymentState.RUNNING, DeploymentState.STARTING):
+            cap[d.offering] = cap.get(d.offering, 0) + d.gpus
+    return cap
+
+
+def job_demands(jobs: Sequence[JobStatus], loads: Mapping[str, JobLoad],
+                snapshot: ClusterSnapshot, ev: Evaluated) -> list[JobDemand]:
+    live = _live_by_job(snapshot)
+    reasons = _infeasible_reasons(ev)
+    out = []
+    for job in jobs:
+        spec, load = job.spec, loads[job.id]
+        common = {"priority": spec.priority, "value_per_tok": VALUE_PER_TOK,
+                  "max_replicas": MAX_REPLICAS, "currently_placed": bool(live.get(job.id)),
+                  "best_infeasible_reason": reasons.get(job.id, "")}
+        if isinstance(spec, BatchJob):
+            remaining = max(spec.total_output_tokens - job.output_tokens_done, 0.0)
+            time_left = spec.submit_s + spec.deadline_s - snapshot.time_s
+            if time_left <= 0:  # late tokens still count as processed: finish the job
+                time_left = snapshot.tick_s
+            out.append(JobDemand.batch(job.id, remaining, time_left, **common))
+        else:
+            out.append(JobDemand(job_id=job.id, demand_rate_rps=load.rate_rps,
+                                 output_tok_per_request=load.output_len, **common))
+    return out
+
+
+def _infeasible_reasons(ev: Evaluated) -> dict[str, str]:
+    """Per job with no robustly SLO-feasible candidate: the closest miss, in words."""
+    best: dict[str, tuple[float, int]] = {}
+    feasible_jobs = {p.job_id for p, ok in zip(ev.proposals, ev.slo_feasible, strict=True) if ok}
+    for i, p in enumerate(ev.proposals):
+        if p.job_id in feasible_jobs:
+            continue
+        score = float(ev.ttft_p95_ms[i] + 20.0 * ev.tpot_p95_ms[i])
+        if p.job_id not in best or score < best[p.job_id][0]:
+            best[p.job_id] = (score, i)
+    out = {}
+    for job_id, (_, i) in best.items():
+        cfg = ev.proposals[i].config
+        out[job_id] = (f"no configuration meets the SLO robustly; closest is {cfg.accelerator}"
+                       f" tp{cfg.tp} {cfg.weight_precision} {cfg.engine} with TTFT p95 "
+                       f"{_ms(ev.ttft_p95_ms[i])} and TPOT p95 {_ms(ev.tpot_p95_ms[i])}")
+    return out
+
+
+def _ms(x: float) -> str:
+    return f"{x:,.0f} ms" if math.isfinite(x) else "unbounded"

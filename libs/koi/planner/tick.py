@@ -1,0 +1,256 @@
+"""One Koi planning tick as a pure function: learn → propose → evaluate → compose → place.
+
+``plan_tick(snapshot, telemetry, state, settings, catalog) -> (decision, report, state')``
+
+1. **learn** — each deployment's last tick is predicted afresh at the load it actually
+   saw; observed vs predicted updates the scoped causal beliefs, and the residuals left
+   after the beliefs' correction feed the DRO calibrator;
+2. **propose** — per job, candidate configurations guided by the running deployment's
+   mediators and the playbook's mechanisms;
+3. **evaluate** — one numba kernel call scores every candidate robustly (belief
+   multipliers and the DRO radius tighten the SLOs);
+4. **compose** — candidates priced per offering; one MILP picks a candidate (or defer /
+   reject) and integer replicas per job under per-offering capacity;
+5. **place** — the least disruptive actions towards that plan, within a migration budget.
+
+Time and randomness come from the snapshot; no I/O. The same code runs in the benchmark
+and behind the services.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from koi.calibrate import DroCalibrator
+from koi.catalog import Catalog
+from koi.causal.observe import observation_from_telemetry
+from koi.causal.scope import scope_of
+from koi.causal.store import BeliefStore
+from koi.cluster import ClusterSnapshot, DeploymentState, DeploymentTelemetry, PlanDecision
+from koi.compose import ComposeInput, ComposePlan, ComposeWeights, compose
+from koi.planner.candidates import job_demands, job_loads, scored_candidates
+from koi.planner.evaluate import Evaluated, Robustness, evaluate
+from koi.planner.explain import Explanation, explain_choices
+from koi.planner.place import Target, place
+from koi.planner.propose import Hints, MechanismHint, ProposerLimits, propose
+from koi.policies.common import job_finished
+from koi.predictor.api import predict_many
+from koi.predictor.types import LoadMode, Prediction, Workload
+
+
+@dataclass(frozen=True)
+class KoiSettings:
+    """Planner knobs (the ablations switch parts off)."""
+
+    use_beliefs: bool = True        # koi-no-causal: False
+    learn: bool = True              # koi-no-learning: beliefs and radius frozen at the prior
+    use_dro: bool = True            # koi-no-dro: radius 0
+    coverage: float = 0.9
+    migration_budget: int = 4
+    compose_time_limit_s: float = 0.5
+    top_k: int = 40
+    proposer: ProposerLimits = field(default_factory=lambda: ProposerLimits(max_per_job=120))
+    weights: ComposeWeights = field(default_factory=ComposeWeights)
+    churn_hours: float = 1.0        # a move costs this many hours of the new replicas' price
+    rate_headroom: float = 1.1      # plan for this much more than the observed rate
+    backend: str = "numba"
+
+
+@dataclass(frozen=True)
+class KoiState:
+    beliefs: BeliefStore = field(default_factory=BeliefStore)
+    calibrator: DroCalibrator = field(default_factory=DroCalibrator)
+    tick: int = -1
+    # deployments fully running at the previous tick: only their telemetry is steady
+    # state (a deployment's first tick serves the backlog queued while it started)
+    steady: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class TickReport:
+    tick: int
+    plan: ComposePlan | None
+    explanations: tuple[Explanation, ...]
+    stage_s: dict[str, float]
+    candidates: int
+    # learning: median |log(observed / corrected prediction)| of this tick's observations
+    abs_error: dict[str, float]
+    radii: dict[str, float]
+    coverage: dict[str, float]
+    mechanisms_active: int
+    mechanisms_applicable: int
+    mechanisms_discovered: int
+    belief_version: int
+
+
+def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
+              state: KoiState, settings: KoiSettings, catalog: Catalog
+              ) -> tuple[PlanDecision, TickReport, KoiState]:
+    stage: dict[str, float] = {}
+    t0 = time.perf_counter()
+    beliefs, calibrator, abs_error = learn(snapshot, telemetry, state, settings, catalog)
+    stage["learn"] = time.perf_counter() - t0
+    active = [j for j in snapshot.jobs
+              if not j.rejected and not job_finished(j, snapshot.time_s)
+              and j.spec.submit_s <= snapshot.time_s]
+    finished = [j.id for j in snapshot.jobs if job_finished(j, snapshot.time_s)]
+    loads = job_loads(active, snapshot, settings.rate_headroom)
+
+    t = time.perf_counter()
+    proposals = _propose_all(snapshot, active, beliefs, settings, catalog)
+    stage["propose"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    robust = _robustness(beliefs, calibrator, settings, catalog)
+    ev = evaluate(proposals, loads, robustness=robust, catalog=catalog,
+                  backend=settings.backend)
+    stage["evaluate"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    table, capacity = scored_candidates(ev, snapshot, catalog, settings.churn_hours)
+    demands = job_demands(active, loads, snapshot, ev)
+    plan = compose(ComposeInput(jobs=demands, candidates=table, capacity=capacity,
+                                weights=settings.weights, top_k=settings.top_k,
+                                time_limit_s=settings.compose_time_limit_s))
+    stage["compose"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    targets = [Target(c.job_id, c.decision.value, c.reason, c.config, c.offering, c.replicas)
+               for c in plan.choices]
+    actions = place(targets, snapshot, finished=finished,
+                    migration_budget=settings.migration_budget)
+    stage["place"] = time.perf_counter() - t
+    stage["total"] = time.perf_counter() - t0
+
+    explanations = explain_choices(plan, ev, beliefs, calibrator, catalog,
+                                   settings.use_beliefs)
+    scopes = [scope_of(d.config, catalog) for d in snapshot.deployments]
+    counts = beliefs.counts(scopes)
+    report = TickReport(
+        tick=snapshot.tick, plan=plan, explanations=explanations, stage_s=stage,
+        candidates=len(ev), abs_error=abs_error, radii=_radii(calibrator, settings),
+        coverage={o: calibrator.realised_coverage(o) for o in ("ttft_p95", "tpot_p95")},
+        mechanisms_active=counts.active, mechanisms_applicable=counts.applicable,
+        mechanisms_discovered=counts.discovered, belief_version=beliefs.version)
+    notes = {"solver": str(plan.solver), "status": plan.status,
+             "objective": f"{plan.objective:.2f}"}
+    decision = PlanDecision(tick=snapshot.tick, actions=tuple(actions), notes=notes)
+    steady = frozenset(d.id for d in snapshot.deployments
+                       if d.state == DeploymentState.RUNNING and d.replicas_starting == 0)
+    return decision, report, KoiState(beliefs, calibrator, snapshot.tick, steady)
+
+
+# --- learn ----------------------------------------------------------------------------
+
+def learn(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
+          state: KoiState, settings: KoiSettings, catalog: Catalog
+          ) -> tuple[BeliefStore, DroCalibrator, dict[str, float]]:
+    """Update beliefs and the DRO calibrator from last tick's telemetry."""
+    observations = []
+    deps = {d.id: d for d in snapshot.deployments}
+    pairs, keep = [], []
+    batch_jobs = {j.id for j in snapshot.jobs if j.is_batch}
+    for t in telemetry:
+        dep = deps.get(t.deployment_id)
+        if dep is None or t.requests_finished <= 0 or dep.replicas_ready < 1 \
+                or t.deployment_id not in state.steady:
+            continue
+        n = max(t.requests_finished, 1.0)
+        batch = t.job_id in batch_jobs
+        # a batch job's backlog keeps its replicas saturated; an online job sees its rate
+        mode, load = (LoadMode.SATURATED, 0.0) if batch else \
+            (LoadMode.RATE, max(t.requests_arrived / max(t.window_s, 1e-9), 1e-3))
+        pairs.append((dep.config.with_(replicas=dep.replicas_ready), Workload(
+            input_len=max(t.prompt_tokens / n, 1.0), output_len=max(t.generation_tokens / n, 1.0),
+            mode=mode, load=load)))
+        keep.append((t, scope_of(dep.config, catalog), batch))
+    preds: list[Prediction] = predict_many(pairs, catalog=catalog, validate=False,
+                                           backend=settings.backend) if pairs else []
+    for (t, scope, batch), pred in zip(keep, preds, strict=True):
+        obs = observation_from_telemetry(t, pred, scope)
+        if obs is not None and batch:
+            # a backlog's TTFT is time spent queued behind it, not a property of the config
+            obs = replace(obs, observed={k: v for k, v in obs.observed.items()
+                                         if not k.startswith("ttft")})
+        if obs is not None:
+            observations.append(obs)
+    residuals = [state.beliefs.corrected_residuals(o) if settings.use_beliefs
+                 else _raw_residuals(o) for o in observations]
+    abs_error = {k: float(np.median([abs(r[k]) for r in residuals if k in r]))
+                 for k in ("ttft", "tpot", "throughput")
+                 if any(k in r for r in residuals)}
+    if not settings.learn or not observations:
+        return state.beliefs, state.calibrator, abs_error
+    tick = max(snapshot.tick, state.beliefs.tick)
+    beliefs = state.beliefs.update(observations, tick) if settings.use_beliefs else state.beliefs
+    return beliefs, state.calibrator.update(residuals, tick), abs_error
+
+
+def _raw_residuals(obs) -> dict[str, float]:
+    from koi.causal.observe import log_residuals
+
+    return log_residuals(obs)
+
+
+# --- propose / evaluate -----------------------------------------------------------------
+
+def _propose_all(snapshot: ClusterSnapshot, jobs: Sequence, beliefs: BeliefStore,
+                 settings: KoiSettings, catalog: Catalog) -> list:
+    accels = sorted({catalog.offering(c.offering).accelerator for c in snapshot.capacity
+                     if c.total_gpus > 0})
+    mech_hints = _mechanism_hints(beliefs) if settings.use_beliefs else []
+    out = []
+    for job in jobs:
+        live = [d for d in snapshot.deployments_of(job.id)
+                if d.state in (DeploymentState.RUNNING, DeploymentState.STARTING)]
+        current = live[0].config if live else None
+        out += propose(job.id, job.spec.model, accels, catalog, current=current,
+                       hints=Hints() if current is None else None, mechanisms=mech_hints,
+                       limits=settings.proposer)
+    return out
+
+
+def _mechanism_hints(beliefs: BeliefStore) -> list[MechanismHint]:
+    hints = []
+    for m in beliefs.active_mechanisms():
+        tp = int(m.scope.parallelism[2:]) if m.scope.parallelism[:2] == "tp" \
+            and m.scope.parallelism[2:].isdigit() else 0
+        hints.append(MechanismHint(id=m.id, accelerator=m.scope.accelerator,
+                                   engine=m.scope.engine, tp=tp, effect=m.effect,
+                                   text=m.line()))
+    return hints
+
+
+def _robustness(beliefs: BeliefStore, calibrator: DroCalibrator, settings: KoiSettings,
+                catalog: Catalog):
+    radii = _radii(calibrator, settings)
+    cache: dict = {}
+
+    def robustness(p) -> Robustness:
+        key = p.config
+        if key not in cache:
+            mult = beliefs.correction(scope_of(p.config, catalog)) if settings.use_beliefs \
+                else {"ttft": 1.0, "tpot": 1.0, "throughput": 1.0}
+            cache[key] = Robustness(ttft_mult=mult["ttft"], tpot_mult=mult["tpot"],
+                                    tput_mult=mult["throughput"],
+                                    radius_ttft=radii.get("ttft_p95", 0.0),
+                                    radius_tpot=radii.get("tpot_p95", 0.0),
+                                    radius_tput=radii.get("throughput", 0.0))
+        return cache[key]
+
+    return robustness
+
+
+def _radii(calibrator: DroCalibrator, settings: KoiSettings) -> dict[str, float]:
+    if not settings.use_dro:
+        return {}
+    return {o: r for o, r in calibrator.radii().items() if math.isfinite(r)}
+
+
+__all__ = ["Evaluated", "KoiSettings", "KoiState", "TickReport", "learn", "plan_tick",
+           "replace"]
