@@ -40,6 +40,7 @@ from koi.planner.place import Target, place
 from koi.planner.propose import Hints, MechanismHint, ProposerLimits, propose
 from koi.policies.common import job_finished
 from koi.predictor.api import predict_many
+from koi.predictor.calibration import Calibration
 from koi.predictor.types import LoadMode, Prediction, Workload
 
 
@@ -59,6 +60,8 @@ class KoiSettings:
     churn_hours: float = 1.0        # a move costs this many hours of the new replicas' price
     rate_headroom: float = 1.1      # plan for this much more than the observed rate
     backend: str = "numba"
+    # the predictor's efficiency table; None = the fitted one (the oracle passes the world's)
+    calibration: Calibration | None = None
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,7 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     t = time.perf_counter()
     robust = _robustness(beliefs, calibrator, settings, catalog)
     ev = evaluate(proposals, loads, robustness=robust, catalog=catalog,
-                  backend=settings.backend)
+                  calibration=settings.calibration, backend=settings.backend)
     stage["evaluate"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -170,6 +173,7 @@ def learn(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
             mode=mode, load=load)))
         keep.append((t, scope_of(dep.config, catalog), batch))
     preds: list[Prediction] = predict_many(pairs, catalog=catalog, validate=False,
+                                           calibration=settings.calibration,
                                            backend=settings.backend) if pairs else []
     for (t, scope, batch), pred in zip(keep, preds, strict=True):
         obs = observation_from_telemetry(t, pred, scope)

@@ -14,6 +14,7 @@ from typing import ClassVar
 
 from koi.catalog import Catalog, load_catalog
 from koi.cluster import ClusterSnapshot, DeploymentTelemetry, PlanDecision
+from koi.scenario.types import Scenario
 
 
 class Policy(ABC):
@@ -24,6 +25,9 @@ class Policy(ABC):
     def __init__(self, catalog: Catalog | None = None, seed: int = 0) -> None:
         self.catalog = catalog or load_catalog()
         self.seed = seed
+
+    def prepare(self, scenario: Scenario, seed: int) -> None:  # noqa: B027 - optional hook
+        """Called once before a run; most policies need nothing from the scenario."""
 
     @abstractmethod
     def decide(self, snapshot: ClusterSnapshot,
@@ -65,4 +69,4 @@ def policy_names() -> list[str]:
 
 def _load_builtin_policies() -> None:
     """Import the modules whose classes register themselves."""
-    from koi.policies import baselines, koi, practitioners  # noqa: F401
+    from koi.policies import baselines, koi, oracle, practitioners  # noqa: F401
