@@ -30,8 +30,17 @@ test: proto
 demo: proto
 	$(BIN)/koi demo $(DEMO_ARGS)
 
+# The baseline table (docs/BENCHMARKS.md): every shipped scenario × the non-learning
+# baselines × seeds 1,2,3, auto sample fraction; tens of minutes on two cores.
+BENCH_SCENARIOS ?= hetero-3h,hetero-12h,homog-mixed-12h,real-104,trace-azure
+BENCH_POLICIES ?= fcfs-first-fit,edf-first-fit,best-fixed
+BENCH_SEEDS ?= 1,2,3
+BENCH_OUT ?= out/bench
+
 bench: proto
 	$(BIN)/koi bench predictor
+	$(BIN)/koi bench --scenarios $(BENCH_SCENARIOS) --policies $(BENCH_POLICIES) \
+	  --seeds $(BENCH_SEEDS) --out $(BENCH_OUT) --json $(BENCH_OUT)/runs.json
 
 lint: proto
 	$(BIN)/ruff check .

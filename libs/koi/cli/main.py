@@ -17,7 +17,8 @@ from rich.table import Table
 
 app = typer.Typer(help="Koi: a self-calibrating planner for LLM inference fleets.",
                   no_args_is_help=True, add_completion=False)
-bench_app = typer.Typer(help="Benchmarks (speed, accuracy).", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks: policies through scenarios (options below), or the"
+                        " predictor's speed and accuracy (subcommands).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 console = Console()
 
@@ -68,6 +69,40 @@ def calibrate(
     calibrate_report(console, write=write, cv=cv)
 
 
+@bench_app.callback(invoke_without_command=True)
+def bench(
+    ctx: typer.Context,
+    scenario: Annotated[list[str] | None, Opt(help="Scenario name or YAML file (repeatable).")
+                        ] = None,
+    scenarios: Annotated[str | None, Opt(help="Several scenarios: a,b,c.")] = None,
+    policy: Annotated[list[str] | None, Opt(help="Registered policy (repeatable); default:"
+                                             " every registered policy.")] = None,
+    policies: Annotated[str | None, Opt(help="Several policies: a,b,c.")] = None,
+    seed: Annotated[list[int] | None, Opt(help="Seed (repeatable); default 1.")] = None,
+    seeds: Annotated[str | None, Opt(help="Several seeds: 1,2,3.")] = None,
+    json_out: Annotated[Path | None, Opt("--json", help="Write each run's metrics as JSON"
+                                         " (one object, or a list; '-' = stdout).")] = None,
+    out: Annotated[Path, Opt(help="Directory for table.md, table.csv, runs.jsonl and plots.")
+                   ] = Path("out/bench"),
+    sample_fraction: Annotated[float | None, Opt(help="Share of online requests simulated;"
+                                                 " default: the simulator's automatic one.")
+                               ] = None,
+    plots: Annotated[bool | None, Opt("--plots/--no-plots", help="PNG figures per run"
+                                      " (default: only for a single run).")] = None,
+) -> None:
+    """Run policies through simulated scenarios: the preprint's table columns, mean ±
+    half-range over seeds, as a rich table, markdown and CSV."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from koi.cli.bench_cmd import bench_command, parse_seeds, split_list
+
+    bench_command(console,
+                  scenarios=[*(scenario or []), *split_list([scenarios or ""])],
+                  policies=[*(policy or []), *split_list([policies or ""])],
+                  seeds=[*(seed or []), *parse_seeds(split_list([seeds or ""]))],
+                  json_out=json_out, out=out, sample_fraction=sample_fraction, plots=plots)
+
+
 @bench_app.command("predictor")
 def bench_predictor(
     candidates: Annotated[int, Opt(help="Candidates per run.")] = 1_000_000,
@@ -83,11 +118,12 @@ def bench_predictor(
         results = run(candidates, runs, numpy_runs,
                       progress=lambda s: status.update(f"timing {s}…"))
     table = Table(title=f"Predictor speed, {candidates:,} candidates (median of runs)")
-    for col in ("backend", "runs", "median s", "predictions/s", "all runs (s)"):
+    for col in ("backend", "runs", "median wall s", "predictions/s (wall)",
+                "predictions/s (CPU)", "all runs, wall s"):
         table.add_column(col, justify="right")
     for r in results:
         table.add_row(r.backend, str(r.runs), f"{r.median_s:.3f}", f"{r.per_s:,.0f}",
-                      " ".join(f"{t:.3f}" for t in r.all_s))
+                      f"{r.cpu_per_s:,.0f}", " ".join(f"{t:.3f}" for t in r.all_s))
     console.print(table)
     speedup = results[0].per_s / results[1].per_s
     console.print(f"numba / numpy speed-up: {speedup:.1f}×")

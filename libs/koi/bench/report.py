@@ -1,0 +1,206 @@
+"""Scenario benchmark reports: the preprint's table columns, per (scenario, policy).
+
+``summarise`` groups ``RunResult``s by (scenario, policy) and gives each column's mean and
+spread over seeds; ``rich_table``, ``markdown_table`` and ``csv_text`` render the same
+rows; ``run_json`` is the per-run JSON object of ``koi bench --json``. The spread is
+**half the range** over seeds, (max − min) ÷ 2, so ``mean ± spread`` brackets every seed
+when runs are symmetric, and with three seeds it is not the understated std of n − 1 = 2.
+$/token is shown in units of 1e-4 USD, as in the preprint. Formatting only: the numbers
+come from ``koi.metrics`` through ``RunResult.metrics``; nothing here runs anything.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.table import Table
+
+from koi.bench.runner import RunResult
+
+COST_UNIT = 1e-4
+SPREAD = "half-range"
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    key: str                            # short id (CSV header)
+    header: str                         # human header (rich, markdown)
+    get: Callable[[RunResult], float]
+    fmt: str                            # format of mean and spread
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("batch_prog_pct", "batch prog %", lambda r: r.metrics.batch_progress_pct, ".1f"),
+    Column("admit_online_pct", "admit online %", lambda r: r.metrics.admit_online_pct, ".1f"),
+    Column("admit_batch_pct", "admit batch %", lambda r: r.metrics.admit_batch_pct, ".1f"),
+    Column("cost_per_token_1e-4_usd", "$/token (×1e-4 $)",
+           lambda r: r.metrics.cost_per_token_usd / COST_UNIT, ".3f"),
+    Column("ttft_met_pct", "TTFT met %", lambda r: r.metrics.ttft_met_pct, ".1f"),
+    Column("tpot_met_pct", "TPOT met %", lambda r: r.metrics.tpot_met_pct, ".1f"),
+    Column("goodput_tok_s", "goodput tok/s", lambda r: r.metrics.goodput_tok_s, ".0f"),
+    Column("score", "score", lambda r: r.metrics.overall_score, ".1f"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    mean: float
+    spread: float      # (max − min) / 2 over seeds
+    n: int
+
+    def text(self, fmt: str) -> str:
+        if not math.isfinite(self.mean):
+            return "inf" if self.mean > 0 else "nan"
+        if self.n < 2:
+            return format(self.mean, fmt)
+        return f"{format(self.mean, fmt)} ± {format(self.spread, fmt)}"
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryRow:
+    scenario: str
+    policy: str
+    seeds: tuple[int, ...]
+    stats: dict[str, Stat]          # keyed by Column.key
+    wall_s: Stat
+    sample_fraction: float
+    policy_failures: int            # ticks in which the policy raised, all seeds
+
+
+def stat(values: Sequence[float]) -> Stat:
+    """Mean and half-range; inf if any value is inf (e.g. $/token with nothing served)."""
+    vals = list(values)
+    if not vals:
+        return Stat(math.nan, math.nan, 0)
+    if any(not math.isfinite(v) for v in vals):
+        return Stat(math.inf, math.nan, len(vals))
+    return Stat(statistics.fmean(vals), (max(vals) - min(vals)) / 2.0, len(vals))
+
+
+def summarise(results: Sequence[RunResult]) -> list[SummaryRow]:
+    """One row per (scenario, policy), in first-seen order."""
+    groups: dict[tuple[str, str], list[RunResult]] = {}
+    for r in results:
+        groups.setdefault((r.scenario, r.policy), []).append(r)
+    rows = []
+    for (scn, pol), runs in groups.items():
+        rows.append(SummaryRow(
+            scn, pol, tuple(r.seed for r in runs),
+            {c.key: stat([c.get(r) for r in runs]) for c in COLUMNS},
+            stat([r.wall_s for r in runs]),
+            runs[0].sample_fraction,
+            sum(len(r.policy_failures) for r in runs)))
+    return rows
+
+
+def _title(rows: Sequence[SummaryRow]) -> str:
+    seeds = sorted({s for r in rows for s in r.seeds})
+    return (f"Scenario benchmark: mean ± half-range over seeds {','.join(map(str, seeds))}"
+            f"; $/token in units of 1e-4 USD")
+
+
+def rich_table(rows: Sequence[SummaryRow]) -> Table:
+    t = Table(title=_title(rows))
+    t.add_column("scenario")
+    t.add_column("policy")
+    for c in COLUMNS:
+        t.add_column(c.header, justify="right")
+    t.add_column("wall s", justify="right")
+    for r in rows:
+        pol = r.policy + (f" [red]({r.policy_failures} failed ticks)[/]"
+                          if r.policy_failures else "")
+        t.add_row(r.scenario, pol, *(r.stats[c.key].text(c.fmt) for c in COLUMNS),
+                  r.wall_s.text(".1f"))
+    return t
+
+
+def markdown_table(rows: Sequence[SummaryRow]) -> str:
+    head = ["scenario", "policy", *(c.header for c in COLUMNS), "wall s", "f"]
+    lines = [f"<!-- {_title(rows)} -->",
+             "| " + " | ".join(head) + " |",
+             "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
+    for r in rows:
+        pol = r.policy + (f" ({r.policy_failures} failed ticks)" if r.policy_failures else "")
+        cells = [r.scenario, pol, *(r.stats[c.key].text(c.fmt) for c in COLUMNS),
+                 r.wall_s.text(".1f"), f"{r.sample_fraction:g}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def csv_text(rows: Sequence[SummaryRow]) -> str:
+    """Machine-readable: mean and spread (half-range) as separate columns."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    head = ["scenario", "policy", "seeds", "sample_fraction"]
+    for c in COLUMNS:
+        head += [f"{c.key}_mean", f"{c.key}_halfrange"]
+    head += ["wall_s_mean", "wall_s_halfrange", "policy_failures"]
+    w.writerow(head)
+    for r in rows:
+        row: list[Any] = [r.scenario, r.policy, " ".join(map(str, r.seeds)),
+                          f"{r.sample_fraction:g}"]
+        for c in COLUMNS:
+            s = r.stats[c.key]
+            row += [f"{s.mean:.6g}", f"{s.spread:.6g}"]
+        row += [f"{r.wall_s.mean:.3f}", f"{r.wall_s.spread:.3f}", r.policy_failures]
+        w.writerow(row)
+    return buf.getvalue()
+
+
+def _finite(x: Any) -> Any:
+    """JSON has no inf/nan: write them as null (JSON consumers choke on ``Infinity``)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
+
+
+def run_json(result: RunResult, *, jobs: bool = False) -> dict[str, Any]:
+    """``{scenario, policy, seed, wall_s, sample_fraction, metrics{…}, policy_failures}``.
+
+    ``metrics`` holds every ``RunMetrics`` field (per-job rows only with ``jobs=True``);
+    non-finite numbers (``$/token`` with nothing served) are ``null``.
+    """
+    m = result.metrics.to_dict()
+    if not jobs:
+        m.pop("jobs", None)
+    return _finite({
+        "scenario": result.scenario, "policy": result.policy, "seed": result.seed,
+        "wall_s": result.wall_s, "sample_fraction": result.sample_fraction,
+        "ticks": len(result.record.timeline), "events": len(result.record.events),
+        "refused_actions": result.refused_actions,
+        "policy_failures": [{"tick": f.tick, "time_s": f.time_s, "error": f.error,
+                             "where": f.where} for f in result.policy_failures],
+        "metrics": m,
+    })
+
+
+def results_json(results: Sequence[RunResult], *, jobs: bool = False) -> Any:
+    """A single object for one run, a list for several."""
+    objs = [run_json(r, jobs=jobs) for r in results]
+    return objs[0] if len(objs) == 1 else objs
+
+
+__all__ = [
+    "COLUMNS",
+    "COST_UNIT",
+    "SPREAD",
+    "Stat",
+    "SummaryRow",
+    "csv_text",
+    "markdown_table",
+    "results_json",
+    "rich_table",
+    "run_json",
+    "stat",
+    "summarise",
+]

@@ -1,0 +1,145 @@
+"""``koi bench --scenario … --policy …``: run policies through scenarios and report.
+
+Thin: resolves names (unknown ones exit 2 with the known names), drives
+``koi.bench.runner.run_matrix`` under a rich progress bar, and writes what
+``koi.bench.report`` and ``koi.bench.plots`` render. No metric or simulation logic here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from koi.errors import KoiError
+
+if TYPE_CHECKING:
+    from koi.bench.runner import RunResult
+
+DEFAULT_OUT = Path("out/bench")
+
+
+def split_list(values: Sequence[str] | None) -> list[str]:
+    """``["a,b", "c"]`` → ``["a", "b", "c"]`` (repeatable and comma-separated flags)."""
+    return [v.strip() for item in values or () for v in item.split(",") if v.strip()]
+
+
+def parse_seeds(values: Sequence[str]) -> list[int]:
+    try:
+        return [int(v) for v in values]
+    except ValueError:
+        raise typer.BadParameter(f"seeds must be integers (got {', '.join(values)})",
+                                 param_hint="--seed/--seeds") from None
+
+
+def bench_command(console: Console, *, scenarios: list[str], policies: list[str],
+                  seeds: list[int], json_out: Path | None, out: Path,
+                  sample_fraction: float | None, plots: bool | None) -> None:
+    from koi.bench.report import results_json, run_json
+    from koi.bench.runner import RunProgress, run_matrix
+    from koi.policies import policy_names
+    from koi.scenario import list_scenarios, load_scenario
+
+    if not scenarios:
+        _fail(console, "give --scenario NAME|FILE (or --scenarios a,b)",
+              f"shipped scenarios: {', '.join(list_scenarios())}")
+    known_policies = policy_names()
+    policies = policies or known_policies
+    unknown = [p for p in policies if p not in known_policies]
+    if unknown:
+        _fail(console, f"unknown policy {', '.join(map(repr, unknown))}",
+              f"known policies: {', '.join(known_policies)}")
+    loaded = []
+    for name in scenarios:
+        try:
+            loaded.append(load_scenario(name))
+        except (KoiError, OSError) as exc:
+            hint = "" if "shipped" in str(exc) else f"shipped: {', '.join(list_scenarios())}"
+            _fail(console, str(exc), hint)
+    if sample_fraction is not None and not 0.0 < sample_fraction <= 1.0:
+        _fail(console, f"--sample-fraction must be in (0, 1] (got {sample_fraction})", "")
+    seeds = seeds or [1]
+    runs = len(loaded) * len(policies) * len(seeds)
+    plot_each = plots if plots is not None else runs == 1
+
+    out.mkdir(parents=True, exist_ok=True)
+    jsonl = out / "runs.jsonl"
+    jsonl.write_text("")
+
+    def on_result(res: RunResult) -> None:  # partial results survive an interrupted matrix
+        with jsonl.open("a") as fh:
+            fh.write(json.dumps(run_json(res)) + "\n")
+        if plot_each:
+            from koi.bench.plots import write_plots
+
+            write_plots(res, out)
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        all_runs = bar.add_task("runs", total=runs)
+        ticks = bar.add_task("ticks", total=1)
+
+        def progress(p: RunProgress) -> None:
+            if p.tick == 0:
+                bar.update(all_runs, completed=p.run_index,
+                           description=f"run {p.run_index + 1}/{p.runs}")
+                bar.reset(ticks, total=p.ticks,
+                          description=f"{p.scenario} · {p.policy} · s{p.seed}")
+            bar.update(ticks, completed=p.tick)
+            if p.tick >= p.ticks:
+                bar.update(all_runs, completed=p.run_index + 1)
+
+        results = run_matrix(loaded, policies, seeds, sample_fraction=sample_fraction,
+                             progress=progress, on_result=on_result)
+
+    _print_and_write(console, results, out)
+    if plot_each:
+        console.print(f"plots: {out}/<scenario>-<policy>-s<seed>-{{gpus,slo,cost}}.png")
+    if json_out is not None:
+        text = json.dumps(results_json(results), indent=2)
+        if str(json_out) == "-":
+            print(text)
+        else:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(text + "\n")
+            console.print(f"json: {json_out}")
+
+
+def _print_and_write(console: Console, results: Sequence[RunResult], out: Path) -> None:
+    from koi.bench.report import csv_text, markdown_table, rich_table, summarise
+
+    rows = summarise(results)
+    # a pipe or a log file gets the full table, not one squeezed into 80 columns
+    wide = console if console.is_terminal else Console(file=console.file, width=220)
+    wide.print(rich_table(rows))
+    for r in results:
+        if r.policy_failures:
+            f = r.policy_failures[0]
+            console.print(f"[red]{r.scenario} · {r.policy} · s{r.seed}: the policy raised in "
+                          f"{len(r.policy_failures)} ticks[/] (first at tick {f.tick}: "
+                          f"{f.error} at {f.where}); those ticks ran with no actions")
+    (out / "table.md").write_text(markdown_table(rows))
+    (out / "table.csv").write_text(csv_text(rows))
+    console.print(f"table: {out / 'table.md'}, {out / 'table.csv'}; runs: {out / 'runs.jsonl'}")
+
+
+def _fail(console: Console, message: str, hint: str) -> None:
+    console.print(f"[red]error:[/] {message}")
+    if hint:
+        console.print(hint)
+    raise typer.Exit(2)
+
+
+__all__ = ["DEFAULT_OUT", "bench_command", "parse_seeds", "split_list"]
