@@ -142,6 +142,33 @@ def bench_accuracy(
     accuracy_tables(console, markdown=markdown, rows=rows)
 
 
+@bench_app.command("learning")
+def bench_learning(
+    scenario: Annotated[str, Opt(help="Scenario name or YAML file.")] = "hetero-3h",
+    policy: Annotated[str, Opt(help="koi or one of its ablations.")] = "koi",
+    seed: Annotated[int, Opt(help="Seed.")] = 1,
+    out: Annotated[Path, Opt(help="Directory for the CSV and PNG.")] = Path("out/learning"),
+) -> None:
+    """Prediction error, DRO radius and coverage, mechanisms over a Koi run (plot + CSV)."""
+    from koi.cli.explain_cmd import learning_command
+
+    learning_command(console, scenario, policy, seed, out)
+
+
+@app.command()
+def explain(
+    scenario: Annotated[str, Opt(help="Scenario name or YAML file.")] = "hetero-3h",
+    job: Annotated[str, Opt(help="Job id.")] = "",
+    tick: Annotated[int, Opt(help="Planning tick to explain.")] = 5,
+    seed: Annotated[int, Opt(help="Seed.")] = 1,
+    policy: Annotated[str, Opt(help="koi or one of its ablations.")] = "koi",
+) -> None:
+    """Why a job is where it is at a tick: replays the scenario and explains the plan."""
+    from koi.cli.explain_cmd import explain_command
+
+    explain_command(console, scenario, job, tick, seed, policy)
+
+
 @app.command()
 def demo(
     fast: Annotated[bool, Opt(help="Accepted for compatibility; the demo is quick.")] = False,

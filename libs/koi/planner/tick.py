@@ -69,8 +69,10 @@ class KoiState:
     beliefs: BeliefStore = field(default_factory=BeliefStore)
     calibrator: DroCalibrator = field(default_factory=DroCalibrator)
     tick: int = -1
-    # deployments fully running at the previous tick: only their telemetry is steady
-    # state (a deployment's first tick serves the backlog queued while it started)
+    # deployments fully running at the last snapshot, and those also running at the one
+    # before: only the latter's telemetry is steady state (a deployment's first running
+    # tick serves the backlog that queued while it started)
+    running: frozenset[str] = frozenset()
     steady: frozenset[str] = frozenset()
 
 
@@ -143,9 +145,10 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     notes = {"solver": str(plan.solver), "status": plan.status,
              "objective": f"{plan.objective:.2f}"}
     decision = PlanDecision(tick=snapshot.tick, actions=tuple(actions), notes=notes)
-    steady = frozenset(d.id for d in snapshot.deployments
-                       if d.state == DeploymentState.RUNNING and d.replicas_starting == 0)
-    return decision, report, KoiState(beliefs, calibrator, snapshot.tick, steady)
+    running = frozenset(d.id for d in snapshot.deployments
+                        if d.state == DeploymentState.RUNNING and d.replicas_starting == 0)
+    return decision, report, KoiState(beliefs, calibrator, snapshot.tick, running,
+                                      running & state.running)
 
 
 # --- learn ----------------------------------------------------------------------------

@@ -1,0 +1,77 @@
+"""`koi explain` and `koi bench learning`: replay a Koi run and show what it knew.
+
+Formatting and argument handling only; the replay and the numbers come from
+``koi.bench.learning`` and the planner's reports.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from koi.bench.learning import plot, replay, summary, write_csv
+
+
+def _replay(console: Console, scenario: str, policy: str, seed: int,
+            until_tick: int | None = None):
+    try:
+        with console.status(f"replaying {scenario} with {policy}…") as status:
+            return replay(scenario, policy, seed, until_tick=until_tick,
+                          on_tick=lambda d, n: status.update(f"tick {d}/{n}"))
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        typer.echo(f"koi: {e.args[0] if e.args else e}", err=True)
+        raise typer.Exit(2) from None
+
+
+def explain_command(console: Console, scenario: str, job: str, tick: int, seed: int,
+                    policy: str) -> None:
+    run = _replay(console, scenario, policy, seed, until_tick=tick)
+    report = next((r for r in run.reports if r.tick == tick), None)
+    if report is None:
+        typer.echo(f"koi explain: the run has no tick {tick} (last: {run.reports[-1].tick})",
+                   err=True)
+        raise typer.Exit(2)
+    found = [e for e in report.explanations if e.job_id == job] if job else \
+        list(report.explanations)
+    if not found:
+        known = ", ".join(e.job_id for e in report.explanations)
+        typer.echo(f"koi explain: no job {job!r} planned at tick {tick}; planned: {known}",
+                   err=True)
+        raise typer.Exit(2)
+    console.rule(f"{run.scenario} · tick {tick} · {policy} · seed {seed}")
+    for e in found:
+        console.print(e.text())
+    events = [ev for ev in run.events if (not job or ev.job_id == job) and ev.tick <= tick]
+    if events:
+        console.print("[bold]events so far:[/bold]")
+        for ev in events[-8:]:
+            console.print(f"  tick {ev.tick:>4}  {ev.kind:<10} {ev.job_id}: {ev.detail}")
+
+
+def learning_command(console: Console, scenario: str, policy: str, seed: int,
+                     out: Path) -> None:
+    run = _replay(console, scenario, policy, seed)
+    base = out / f"{run.scenario}-{policy}-s{seed}-learning"
+    write_csv(run, base.with_suffix(".csv"))
+    plot(run, base.with_suffix(".png"))
+    s = summary(run)
+    t = Table(title=f"Learning on {run.scenario} ({policy}, seed {seed}): first vs last third")
+    for col in ("quantity", "first third", "last third"):
+        t.add_column(col, justify="right")
+    for key in sorted({k.rsplit("_", 1)[0] for k in s if k.endswith(("_first", "_last"))}):
+        t.add_row(key, _f(s.get(f"{key}_first")), _f(s.get(f"{key}_last")))
+    console.print(t)
+    console.print(f"realised coverage at the end (target 0.90): TTFT p95 "
+                  f"{_f(s['coverage_ttft_p95_final'])}, TPOT p95 "
+                  f"{_f(s['coverage_tpot_p95_final'])}")
+    console.print(f"mechanisms discovered: {s['mechanisms_discovered']:.0f}; median tick "
+                  f"{s['tick_s_median']:.3f} s")
+    console.print(f"wrote {base.with_suffix('.png')} and {base.with_suffix('.csv')}")
+
+
+def _f(x: float | None) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x:.3f}"
