@@ -1,0 +1,67 @@
+"""Koi end to end on a tiny simulated fleet: it serves, learns, explains; ablations differ."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from koi.bench.learning import replay, series, summary
+from koi.bench.runner import run_once
+from koi.cli.main import app
+from koi.policies import policy_names
+from koi.sim.testing import batch_job, online_job, tiny_scenario
+
+SCENARIO = tiny_scenario([online_job("chat", rate=6.0, model="llama-3.1-8b"),
+                          online_job("big", rate=1.5, model="llama-3.1-70b", ttft_ms=2000,
+                                     tpot_ms=100),
+                          batch_job("bulk", num_requests=3000, deadline_s=1500)],
+                         horizon_s=1200)
+
+
+@pytest.fixture(scope="module")
+def koi_run():
+    return replay(SCENARIO, "koi", seed=3)
+
+
+def test_koi_family_is_registered() -> None:
+    assert {"koi", "koi-no-causal", "koi-no-learning", "koi-no-dro", "oracle"} <= set(
+        policy_names())
+
+
+def test_koi_serves_the_jobs_within_capacity() -> None:
+    res = run_once(SCENARIO, "koi", 3)
+    m = res.metrics
+    assert m.admit_online_pct == 100.0 and m.admit_batch_pct == 100.0
+    assert m.goodput_tok_s > 0 and m.ttft_met_pct > 50 and m.tpot_met_pct > 50
+    assert not res.policy_failures
+
+
+def test_reports_learning_and_explanations(koi_run) -> None:
+    reports = koi_run.reports
+    assert len(reports) == SCENARIO.ticks
+    assert reports[-1].belief_version > 0            # beliefs were updated
+    s = series(koi_run)
+    assert math.isfinite(s["abs_error_tpot"][-1])
+    assert all(0.0 <= v <= 1.0 for v in s["coverage_tpot_p95"] if math.isfinite(v))
+    assert all(len(r.explanations) >= 1 for r in reports)
+    placed = [e for e in reports[-1].explanations if e.decision == "place"]
+    assert placed and all(e.replicas >= 1 and e.config_label for e in placed)
+    assert "serves" in placed[0].text()
+    keys = summary(koi_run)
+    assert {"abs_error_ttft_first", "abs_error_ttft_last", "coverage_tpot_p95_final"} <= set(keys)
+
+
+def test_no_learning_keeps_the_prior_and_no_dro_has_no_radius() -> None:
+    frozen = replay(SCENARIO, "koi-no-learning", seed=3)
+    assert all(r.belief_version == 0 for r in frozen.reports)
+    nodro = replay(SCENARIO, "koi-no-dro", seed=3)
+    assert all(not r.radii for r in nodro.reports)
+
+
+def test_explain_cli(tmp_path) -> None:
+    runner = CliRunner()
+    bad = runner.invoke(app, ["explain", "--scenario", "hetero-3h", "--job", "nope",
+                              "--tick", "0"])
+    assert bad.exit_code == 2 and "no job" in bad.stderr
