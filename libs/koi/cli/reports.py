@@ -155,4 +155,34 @@ def demo_report(console: Console) -> None:
                   f"{p.max_rate_under_slo_rps:.2f}", f"{p.cost_per_mtok_usd:.2f}",
                   f"{p.kv_pressure:.2f}", f"{p.comm_overhead_frac:.2f}")
     console.print(t)
-    console.print("Services, simulator and planner arrive with later work; see README.md.")
+    planner_demo(console)
+
+
+def planner_demo(console: Console, horizon_s: float = 1200.0) -> None:
+    """Koi against a naive first-fit on the first minutes of hetero-3h, in-process."""
+    import dataclasses
+
+    from rich.progress import Progress
+
+    from koi.bench.report import rich_table, summarise
+    from koi.bench.runner import run_once
+    from koi.scenario import load_scenario
+
+    scn = load_scenario("hetero-3h")
+    scn = dataclasses.replace(scn, horizon_s=horizon_s)
+    console.rule(f"[bold]The planner on hetero-3h (first {horizon_s / 60:.0f} min, simulated)")
+    console.print(f"{scn.total_gpus} GPUs on {len({f.offering.split('/')[0] for f in scn.fleet})}"
+                  f" clouds, {len(scn.jobs)} jobs; policies share the simulator and seed")
+    results = []
+    with Progress(console=console, transient=True) as progress:
+        for policy in ("fcfs-first-fit", "koi"):
+            task = progress.add_task(policy, total=scn.ticks)
+            results.append(run_once(scn, policy, 1, on_tick=lambda d, n, task=task:
+                                    progress.update(task, completed=d)))
+    console.print(rich_table(summarise(results)))
+    koi_events = [e for e in results[-1].record.events if e.kind in ("launch", "swap",
+                                                                      "relaunch", "reject")]
+    console.print("[bold]Koi's first decisions:[/bold]")
+    for e in koi_events[:8]:
+        console.print(f"  t={e.time_s:>5.0f}s {e.kind:<8} {e.job_id}: {e.detail[:110]}")
+    console.print("Why a job is where it is: koi explain --scenario hetero-3h --job ID --tick N")
