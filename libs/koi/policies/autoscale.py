@@ -36,7 +36,7 @@ from koi.cluster import (
 )
 from koi.policies.base import register
 from koi.policies.baselines import BestFixed
-from koi.policies.common import CapacityLedger, needs_placement
+from koi.policies.common import CapacityLedger, housekeeping_stops, needs_placement
 from koi.policies.practitioner_common import online_demand_rps, slo_of
 
 MARGIN = 0.9            # target p95 ≤ MARGIN × SLO
@@ -126,7 +126,7 @@ class RegressAutoscale(BestFixed):
         self.observe(snapshot, telemetry)
         actions: list[Action] = []
         for job in snapshot.jobs:
-            actions.extend(self._stops(job, snapshot))
+            actions.extend(housekeeping_stops(job, snapshot))
         ledger = CapacityLedger(snapshot, self.catalog)
         jobs = {j.id: j for j in snapshot.jobs}
         for dep in snapshot.deployments:
@@ -135,21 +135,7 @@ class RegressAutoscale(BestFixed):
                 action = self.scale(job, dep, ledger)
                 if action is not None:
                     actions.append(action)
-        pending = [j for j in snapshot.jobs if needs_placement(j, snapshot)]
-        for job in self.order(pending):
-            placement = self.place(job, ledger, snapshot)
-            if placement is None:
-                actions.append(Action(ActionKind.DEFER, job.id, self.no_capacity_reason(job)))
-                continue
-            ledger.take(placement.offering.id, placement.gpus)
-            self._launches += 1
-            actions.append(Action(
-                ActionKind.LAUNCH, job.id, self.launch_reason(job, placement),
-                deployment_id=f"{job.id}.{self.name}.{self._launches}",
-                config=placement.config, offering=placement.offering.id,
-                replicas=placement.config.replicas))
-        return PlanDecision(tick=snapshot.tick, actions=tuple(actions),
-                            notes={"policy": self.name, "pending": str(len(pending))})
+        return self.place_pending(snapshot, ledger, actions)
 
     def scale(self, job: JobStatus, dep: Deployment, ledger: CapacityLedger) -> Action | None:
         fit = self.fits.get(dep.id)

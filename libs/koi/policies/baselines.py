@@ -41,10 +41,8 @@ from koi.jobs import OnlineJob
 from koi.policies.base import Policy, register
 from koi.policies.common import (
     CapacityLedger,
-    is_lost,
-    job_finished,
+    housekeeping_stops,
     job_rate_rps,
-    live_deployments,
     needs_placement,
     replicas_for_rate,
     smallest_fitting_config,
@@ -126,8 +124,13 @@ class _FirstFitBase(Policy):
                telemetry: Sequence[DeploymentTelemetry]) -> PlanDecision:
         actions: list[Action] = []
         for job in snapshot.jobs:
-            actions.extend(self._stops(job, snapshot))
+            actions.extend(housekeeping_stops(job, snapshot))
         ledger = CapacityLedger(snapshot, self.catalog)
+        return self.place_pending(snapshot, ledger, actions)
+
+    def place_pending(self, snapshot: ClusterSnapshot, ledger: CapacityLedger,
+                      actions: list[Action]) -> PlanDecision:
+        """LAUNCH every job that needs a deployment (in this policy's order), or DEFER it."""
         pending = [j for j in snapshot.jobs if needs_placement(j, snapshot)]
         for job in self.order(pending):
             placement = self.place(job, ledger, snapshot)
@@ -143,19 +146,6 @@ class _FirstFitBase(Policy):
                 replicas=placement.config.replicas))
         return PlanDecision(tick=snapshot.tick, actions=tuple(actions),
                             notes={"policy": self.name, "pending": str(len(pending))})
-
-    def _stops(self, job: JobStatus, snapshot: ClusterSnapshot) -> list[Action]:
-        finished = job_finished(job, snapshot.time_s)
-        out = []
-        for dep in live_deployments(snapshot, job.id):
-            if finished:
-                why = "batch job done" if job.is_batch else "online job ended"
-            elif is_lost(dep):
-                why = "all replicas lost (preemption or stock-out); placing the job again"
-            else:
-                continue
-            out.append(Action(ActionKind.STOP, job.id, why, deployment_id=dep.id))
-        return out
 
     @staticmethod
     def _sizing(job: JobStatus) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from koi.catalog import Catalog, CatalogError, Market, Offering
-from koi.cluster import ClusterSnapshot, Deployment, DeploymentState, JobStatus
+from koi.cluster import Action, ActionKind, ClusterSnapshot, Deployment, DeploymentState, JobStatus
 from koi.jobs import BatchJob, OnlineJob
 from koi.space import DeploymentConfig, engine_default_config, validate
 
@@ -186,3 +186,18 @@ class CapacityLedger:
             raise ValueError(f"cannot take {gpus} GPUs from {offering}: {self.free(offering)}"
                              " free")
         slot.free -= gpus
+
+
+def housekeeping_stops(job: JobStatus, snapshot: ClusterSnapshot) -> list[Action]:
+    """STOP the deployments of a finished job, and any deployment that lost every replica."""
+    finished = job_finished(job, snapshot.time_s)
+    out = []
+    for dep in live_deployments(snapshot, job.id):
+        if finished:
+            why = "batch job done" if job.is_batch else "online job ended"
+        elif is_lost(dep):
+            why = "all replicas lost (preemption or stock-out); placing the job again"
+        else:
+            continue
+        out.append(Action(ActionKind.STOP, job.id, why, deployment_id=dep.id))
+    return out

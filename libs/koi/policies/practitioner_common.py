@@ -28,6 +28,7 @@ from koi.cluster import (
 from koi.jobs import BatchJob, OnlineJob
 from koi.policies.common import (
     CapacityLedger,
+    housekeeping_stops,  # noqa: F401 - re-exported
     is_lost,
     job_finished,
     job_rate_rps,
@@ -173,21 +174,6 @@ class ProfileBook:
 
 
 # --- housekeeping ---------------------------------------------------------------------------
-
-def housekeeping_stops(job: JobStatus, snapshot: ClusterSnapshot) -> list[Action]:
-    """STOP the deployments of a finished job, and any deployment that lost every replica."""
-    finished = job_finished(job, snapshot.time_s)
-    out = []
-    for dep in live_deployments(snapshot, job.id):
-        if finished:
-            why = "batch job done" if job.is_batch else "online job ended"
-        elif is_lost(dep):
-            why = "all replicas lost (preemption or stock-out); placing the job again"
-        else:
-            continue
-        out.append(Action(ActionKind.STOP, job.id, why, deployment_id=dep.id))
-    return out
-
 
 def active_jobs(snapshot: ClusterSnapshot) -> list[JobStatus]:
     """Jobs that should be served this tick: submitted, not rejected, not finished."""
