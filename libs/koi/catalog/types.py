@@ -132,6 +132,10 @@ class Engine:
     # (TensorRT-LLM's kv_cache_free_gpu_memory_fraction), False when it caps the whole
     # GPU (vLLM's gpu_memory_utilization, SGLang's mem_fraction_static).
     mem_fraction_of_free: bool = False
+    # True when the scheduler reserves KV for a request's whole prompt + output at
+    # admission (TensorRT-LLM's GUARANTEED_NO_EVICT), False when KV grows per token and
+    # an overflow preempts (vLLM, SGLang)
+    reserves_full_kv: bool = False
     source: str = ""
     notes: str = ""
     knobs: dict[str, str] = field(default_factory=dict)  # koi knob -> engine flag name

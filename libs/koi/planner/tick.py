@@ -28,13 +28,13 @@ import numpy as np
 
 from koi.calibrate import DroCalibrator
 from koi.catalog import Catalog
-from koi.causal.observe import observation_from_telemetry
+from koi.causal.observe import log_residuals, observation_from_telemetry
 from koi.causal.scope import scope_of
 from koi.causal.store import BeliefStore
 from koi.cluster import ClusterSnapshot, DeploymentState, DeploymentTelemetry, PlanDecision
 from koi.compose import ComposeInput, ComposePlan, ComposeWeights, compose
 from koi.planner.candidates import job_demands, job_loads, scored_candidates
-from koi.planner.evaluate import Evaluated, Robustness, evaluate
+from koi.planner.evaluate import Robustness, evaluate
 from koi.planner.explain import Explanation, explain_choices
 from koi.planner.place import Target, place
 from koi.planner.propose import Hints, MechanismHint, ProposerLimits, propose
@@ -187,7 +187,7 @@ def learn(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
         if obs is not None:
             observations.append(obs)
     residuals = [state.beliefs.corrected_residuals(o) if settings.use_beliefs
-                 else _raw_residuals(o) for o in observations]
+                 else log_residuals(o) for o in observations]
     abs_error = {k: float(np.median([abs(r[k]) for r in residuals if k in r]))
                  for k in ("ttft", "tpot", "throughput")
                  if any(k in r for r in residuals)}
@@ -196,12 +196,6 @@ def learn(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
     tick = max(snapshot.tick, state.beliefs.tick)
     beliefs = state.beliefs.update(observations, tick) if settings.use_beliefs else state.beliefs
     return beliefs, state.calibrator.update(residuals, tick), abs_error
-
-
-def _raw_residuals(obs) -> dict[str, float]:
-    from koi.causal.observe import log_residuals
-
-    return log_residuals(obs)
 
 
 # --- propose / evaluate -----------------------------------------------------------------
@@ -258,6 +252,3 @@ def _radii(calibrator: DroCalibrator, settings: KoiSettings) -> dict[str, float]
         return {}
     return {o: r for o, r in calibrator.radii().items() if math.isfinite(r)}
 
-
-__all__ = ["Evaluated", "KoiSettings", "KoiState", "TickReport", "learn", "plan_tick",
-           "replace"]

@@ -137,7 +137,7 @@ def fill_column(X: np.ndarray, j: int, cfg: DeploymentConfig, wl: Workload, mode
         **calibration_values(cal, accel, cfg),
         "max_seqs": cfg.max_num_seqs, "max_tokens": cfg.max_batched_tokens,
         "chunked": float(cfg.chunked_prefill),
-        "kv_full_reserve": 1.0 if cfg.engine == "trtllm" else 0.0,
+        "kv_full_reserve": float(engine.reserves_full_kv),
         "cuda_graphs": float(cfg.cuda_graphs),
         "spec_gain": spec_gain, "spec_cost": spec_cost,
         "in_len": wl.input_len, "out_len": wl.output_len, "prefix_hit": wl.prefix_hit,

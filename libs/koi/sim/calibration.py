@@ -114,12 +114,13 @@ def _replica(row: Row, cat: Catalog, world: WorldParams) -> Replica:
         n = int(row.n)
         cfg = cfg.with_(max_num_seqs=max(n, 1),
                         max_batched_tokens=max(cfg.max_batched_tokens, n * row.inp))
+    engine = cat.engine(cfg.engine)
     cap = kv_capacity_tokens(cat.model(cfg.model), cat.accelerator(cfg.accelerator), cfg,
-                             cat.engine(cfg.engine))
+                             engine)
     spec = ReplicaSpec(step_coef(cfg, cat, world), cap, cfg.max_num_seqs,
                        cfg.max_batched_tokens, cfg.chunked_prefill,
                        cliff_usage=world.kv_cliff_usage, cliff_factor=world.kv_cliff_factor,
-                       reserve_full=cfg.engine == "trtllm",
+                       reserve_full=engine.reserves_full_kv,
                        ttft_overhead=world.ttft_overhead_ms / 1e3)
     return Replica(spec, np.random.default_rng(0), 0.0)
 

@@ -155,12 +155,12 @@ class Fleet:
         if rng.random() < w.throttle_share.get(cfg.accelerator, 0.0):
             slow *= w.throttle_slowdown
         model = self.cat.model(cfg.model)
-        cap = kv_capacity_tokens(model, self.cat.accelerator(cfg.accelerator), cfg,
-                                 self.cat.engine(cfg.engine))
+        engine = self.cat.engine(cfg.engine)
+        cap = kv_capacity_tokens(model, self.cat.accelerator(cfg.accelerator), cfg, engine)
         hit = getattr(dep.job, "prefix_share", 0.0) if cfg.prefix_caching else 0.0
         return ReplicaSpec(dep.coef, cap, cfg.max_num_seqs, cfg.max_batched_tokens,
                            cfg.chunked_prefill, hit, slow, w.kv_cliff_usage,
-                           w.kv_cliff_factor, w.noise_sigma, cfg.engine == "trtllm",
+                           w.kv_cliff_factor, w.noise_sigma, engine.reserves_full_kv,
                            w.ttft_overhead_ms / 1e3)
 
     def remove_slot(self, dep: Dep, slot: Slot, now: float, reason: str) -> None:
