@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -75,16 +75,32 @@ class Evaluated:
     def __len__(self) -> int:
         return len(self.proposals)
 
+    @staticmethod
+    def concat(parts: Sequence[Evaluated]) -> Evaluated:
+        """Shards evaluated separately, as one (in the order given)."""
+        if not parts:
+            empty = np.zeros(0)
+            return Evaluated((), *(empty,) * 9, np.zeros(0, dtype=bool))
+        arrays = {f.name: np.concatenate([getattr(p, f.name) for p in parts])
+                  for f in fields(Evaluated) if f.name != "proposals"}
+        return Evaluated(proposals=tuple(x for p in parts for x in p.proposals), **arrays)
+
 
 def _effective_slo(slo_ms: float, mult: float, radius: float) -> float:
     return slo_ms / (mult * math.exp(radius)) if slo_ms > 0 else 0.0
 
 
+# (N_IN, n) kernel inputs → (N_OUT, n) outputs, column by column (a column depends on
+# its own inputs only, so a cache may answer some columns and compute the rest)
+Kernel = Callable[[np.ndarray], np.ndarray]
+
+
 def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
              robustness: Callable[[Proposal], Robustness] | None = None,
              catalog: Catalog | None = None, calibration: Calibration | None = None,
-             backend: str = "numba") -> Evaluated:
-    """Predict and robustly score every proposal (one kernel call)."""
+             backend: str = "numba", kernel: Kernel | None = None) -> Evaluated:
+    """Predict and robustly score every proposal (one kernel call; ``kernel`` replaces
+    ``evaluate_matrix``, e.g. with a cached one)."""
     cat = catalog or load_catalog()
     cal = calibration or load_calibration()
     rob = [robustness(p) if robustness else NOMINAL for p in proposals]
@@ -101,8 +117,8 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
     if not pairs:
         empty = np.zeros(0)
         return Evaluated((), *(empty,) * 9, np.zeros(0, dtype=bool))
-    X = build_inputs(pairs, cat, cal)
-    Y = evaluate_matrix(X, backend=backend)
+    run = kernel or (lambda X: evaluate_matrix(X, backend=backend))
+    Y = run(build_inputs(pairs, cat, cal))
     ev = _score(tuple(proposals), pairs, rob, loads, Y)
     # jobs no candidate serves robustly: also the nominal answer, for best-effort service
     lost = {p.job_id for p in proposals} - {p.job_id for p, ok in
@@ -112,7 +128,7 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
         nominal = [(pairs[i][0], replace(pairs[i][1], slo_ttft_ms=loads[proposals[i].job_id]
                                          .slo_ttft_ms, slo_tpot_ms=loads[proposals[i].job_id]
                                          .slo_tpot_ms)) for i in idx]
-        Yn = evaluate_matrix(build_inputs(nominal, cat, cal), backend=backend)
+        Yn = run(build_inputs(nominal, cat, cal))
         ev.nominal_max_rate_rps[idx] = Yn[OUT["max_rate_slo"]]
     return ev
 

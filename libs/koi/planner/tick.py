@@ -28,16 +28,22 @@ import numpy as np
 
 from koi.calibrate import DroCalibrator
 from koi.catalog import Catalog
-from koi.causal.observe import log_residuals, observation_from_telemetry
+from koi.causal.observe import OutcomeObservation, log_residuals, observation_from_telemetry
 from koi.causal.scope import scope_of
 from koi.causal.store import BeliefStore
-from koi.cluster import ClusterSnapshot, DeploymentState, DeploymentTelemetry, PlanDecision
+from koi.cluster import (
+    ClusterSnapshot,
+    DeploymentState,
+    DeploymentTelemetry,
+    JobStatus,
+    PlanDecision,
+)
 from koi.compose import ComposeInput, ComposePlan, ComposeWeights, compose
 from koi.planner.candidates import job_demands, job_loads, scored_candidates
-from koi.planner.evaluate import Robustness, evaluate
+from koi.planner.evaluate import Evaluated, Kernel, Robustness, evaluate
 from koi.planner.explain import Explanation, explain_choices
 from koi.planner.place import Target, place
-from koi.planner.propose import Hints, MechanismHint, ProposerLimits, propose
+from koi.planner.propose import Hints, MechanismHint, Proposal, ProposerLimits, propose
 from koi.policies.common import job_finished
 from koi.predictor.api import predict_many
 from koi.predictor.calibration import Calibration
@@ -96,67 +102,142 @@ class TickReport:
 def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
               state: KoiState, settings: KoiSettings, catalog: Catalog
               ) -> tuple[PlanDecision, TickReport, KoiState]:
+    """One whole tick in-process: the stages below in order (the services run the same
+    stage functions, one per process)."""
     stage: dict[str, float] = {}
     t0 = time.perf_counter()
-    beliefs, calibrator, abs_error = learn(snapshot, telemetry, state, settings, catalog)
+    observations = observe(snapshot, telemetry, state.steady, settings, catalog)
+    beliefs, calibrator, abs_error = learn_from(observations, state.beliefs,
+                                                state.calibrator, snapshot.tick, settings)
     stage["learn"] = time.perf_counter() - t0
-    active = [j for j in snapshot.jobs
-              if not j.rejected and not job_finished(j, snapshot.time_s)
-              and j.spec.submit_s <= snapshot.time_s]
-    finished = [j.id for j in snapshot.jobs if job_finished(j, snapshot.time_s)]
-    loads = job_loads(active, snapshot, settings.rate_headroom)
 
     t = time.perf_counter()
-    proposals = _propose_all(snapshot, active, beliefs, settings, catalog)
+    proposals = propose_stage(snapshot, beliefs, settings, catalog)
     stage["propose"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    robust = _robustness(beliefs, calibrator, settings, catalog)
-    ev = evaluate(proposals, loads, robustness=robust, catalog=catalog,
-                  calibration=settings.calibration, backend=settings.backend)
+    ev = evaluate_stage(proposals, snapshot, beliefs, calibrator, settings, catalog)
     stage["evaluate"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    table, capacity = scored_candidates(ev, snapshot, catalog, settings.churn_hours)
-    demands = job_demands(active, loads, snapshot, ev)
-    plan = compose(ComposeInput(jobs=demands, candidates=table, capacity=capacity,
-                                weights=settings.weights, top_k=settings.top_k,
-                                time_limit_s=settings.compose_time_limit_s))
+    plan = compose_stage(ev, snapshot, settings, catalog)
     stage["compose"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    targets = [Target(c.job_id, c.decision.value, c.reason, c.config, c.offering, c.replicas)
-               for c in plan.choices]
-    actions = place(targets, snapshot, finished=finished,
-                    migration_budget=settings.migration_budget)
+    decision = place_stage(plan, snapshot, settings)
     stage["place"] = time.perf_counter() - t
     stage["total"] = time.perf_counter() - t0
 
     explanations = explain_choices(plan, ev, beliefs, calibrator, catalog,
                                    settings.use_beliefs)
-    scopes = [scope_of(d.config, catalog) for d in snapshot.deployments]
-    counts = beliefs.counts(scopes)
-    report = TickReport(
-        tick=snapshot.tick, plan=plan, explanations=explanations, stage_s=stage,
-        candidates=len(ev), abs_error=abs_error, radii=_radii(calibrator, settings),
-        coverage={o: calibrator.realised_coverage(o) for o in ("ttft_p95", "tpot_p95")},
-        mechanisms_active=counts.active, mechanisms_applicable=counts.applicable,
-        mechanisms_discovered=counts.discovered, belief_version=beliefs.version)
-    notes = {"solver": str(plan.solver), "status": plan.status,
-             "objective": f"{plan.objective:.2f}"}
-    decision = PlanDecision(tick=snapshot.tick, actions=tuple(actions), notes=notes)
-    running = frozenset(d.id for d in snapshot.deployments
-                        if d.state == DeploymentState.RUNNING and d.replicas_starting == 0)
+    report = tick_report(snapshot, plan, explanations, stage, len(ev), abs_error, beliefs,
+                         calibrator, settings, catalog)
+    running = running_deployments(snapshot)
     return decision, report, KoiState(beliefs, calibrator, snapshot.tick, running,
                                       running & state.running)
 
 
+def tick_report(snapshot: ClusterSnapshot, plan: ComposePlan | None,
+                explanations: tuple[Explanation, ...], stage: dict[str, float],
+                candidates: int, abs_error: dict[str, float], beliefs: BeliefStore,
+                calibrator: DroCalibrator, settings: KoiSettings, catalog: Catalog
+                ) -> TickReport:
+    scopes = [scope_of(d.config, catalog) for d in snapshot.deployments]
+    counts = beliefs.counts(scopes)
+    return TickReport(
+        tick=snapshot.tick, plan=plan, explanations=explanations, stage_s=stage,
+        candidates=candidates, abs_error=abs_error, radii=_radii(calibrator, settings),
+        coverage={o: calibrator.realised_coverage(o) for o in ("ttft_p95", "tpot_p95")},
+        mechanisms_active=counts.active, mechanisms_applicable=counts.applicable,
+        mechanisms_discovered=counts.discovered, belief_version=beliefs.version)
+
+
+# --- the stages, one per service ------------------------------------------------------
+
+def running_deployments(snapshot: ClusterSnapshot) -> frozenset[str]:
+    """Deployments fully running (no replica still starting) at ``snapshot``."""
+    return frozenset(d.id for d in snapshot.deployments
+                     if d.state == DeploymentState.RUNNING and d.replicas_starting == 0)
+
+
+def steady_deployments(previous: ClusterSnapshot | None,
+                       before_previous: ClusterSnapshot | None) -> frozenset[str]:
+    """Deployments whose telemetry at the next tick is steady state: fully running at
+    both of the two snapshots before it (a first running tick serves the backlog)."""
+    if previous is None or before_previous is None:
+        return frozenset()
+    return running_deployments(previous) & running_deployments(before_previous)
+
+
+def active_jobs(snapshot: ClusterSnapshot) -> list[JobStatus]:
+    """Jobs to plan: submitted by now, not rejected, not finished."""
+    return [j for j in snapshot.jobs
+            if not j.rejected and not job_finished(j, snapshot.time_s)
+            and j.spec.submit_s <= snapshot.time_s]
+
+
+def propose_stage(snapshot: ClusterSnapshot, beliefs: BeliefStore, settings: KoiSettings,
+                  catalog: Catalog, jobs: Sequence[JobStatus] | None = None
+                  ) -> list[Proposal]:
+    """Candidates for ``jobs`` (default: every active job), in job order."""
+    todo = active_jobs(snapshot) if jobs is None else jobs
+    return _propose_all(snapshot, todo, beliefs, settings, catalog)
+
+
+def evaluate_stage(proposals: Sequence[Proposal], snapshot: ClusterSnapshot,
+                   beliefs: BeliefStore, calibrator: DroCalibrator, settings: KoiSettings,
+                   catalog: Catalog, kernel: Kernel | None = None) -> Evaluated:
+    """Robust scores of ``proposals``; each job's candidates must all be present (a job's
+    nominal fallback looks at all of them), so shards are cut at job boundaries."""
+    loads = job_loads(active_jobs(snapshot), snapshot, settings.rate_headroom)
+    robust = _robustness(beliefs, calibrator, settings, catalog)
+    return evaluate(proposals, loads, robustness=robust, catalog=catalog,
+                    calibration=settings.calibration, backend=settings.backend,
+                    kernel=kernel)
+
+
+def compose_stage(ev: Evaluated, snapshot: ClusterSnapshot, settings: KoiSettings,
+                  catalog: Catalog) -> ComposePlan:
+    active = active_jobs(snapshot)
+    loads = job_loads(active, snapshot, settings.rate_headroom)
+    table, capacity = scored_candidates(ev, snapshot, catalog, settings.churn_hours)
+    demands = job_demands(active, loads, snapshot, ev)
+    return compose(ComposeInput(jobs=demands, candidates=table, capacity=capacity,
+                                weights=settings.weights, top_k=settings.top_k,
+                                time_limit_s=settings.compose_time_limit_s))
+
+
+def plan_targets(plan: ComposePlan) -> list[Target]:
+    return [Target(c.job_id, c.decision.value, c.reason, c.config, c.offering, c.replicas)
+            for c in plan.choices]
+
+
+def plan_notes(plan: ComposePlan) -> dict[str, str]:
+    return {"solver": str(plan.solver), "status": plan.status,
+            "objective": f"{plan.objective:.2f}"}
+
+
+def place_stage(plan: ComposePlan, snapshot: ClusterSnapshot,
+                settings: KoiSettings) -> PlanDecision:
+    return place_targets(plan_targets(plan), plan_notes(plan), snapshot, settings)
+
+
+def place_targets(targets: Sequence[Target], notes: dict[str, str],
+                  snapshot: ClusterSnapshot, settings: KoiSettings) -> PlanDecision:
+    """The actions that move the fleet towards ``targets`` (the placer's stage)."""
+    finished = [j.id for j in snapshot.jobs if job_finished(j, snapshot.time_s)]
+    actions = place(targets, snapshot, finished=finished,
+                    migration_budget=settings.migration_budget)
+    return PlanDecision(tick=snapshot.tick, actions=tuple(actions), notes=dict(notes))
+
+
 # --- learn ----------------------------------------------------------------------------
 
-def learn(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
-          state: KoiState, settings: KoiSettings, catalog: Catalog
-          ) -> tuple[BeliefStore, DroCalibrator, dict[str, float]]:
-    """Update beliefs and the DRO calibrator from last tick's telemetry."""
+def observe(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
+            steady: frozenset[str], settings: KoiSettings, catalog: Catalog
+            ) -> list[OutcomeObservation]:
+    """Each steady deployment's last tick next to a fresh prediction at the load it saw
+    (telemetry-ingest's stage)."""
     observations = []
     deps = {d.id: d for d in snapshot.deployments}
     pairs, keep = [], []
@@ -164,7 +245,7 @@ def learn(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
     for t in telemetry:
         dep = deps.get(t.deployment_id)
         if dep is None or t.requests_finished <= 0 or dep.replicas_ready < 1 \
-                or t.deployment_id not in state.steady:
+                or t.deployment_id not in steady:
             continue
         n = max(t.requests_finished, 1.0)
         batch = t.job_id in batch_jobs
@@ -186,16 +267,24 @@ def learn(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
                                          if not k.startswith("ttft")})
         if obs is not None:
             observations.append(obs)
-    residuals = [state.beliefs.corrected_residuals(o) if settings.use_beliefs
+    return observations
+
+
+def learn_from(observations: Sequence[OutcomeObservation], beliefs: BeliefStore,
+               calibrator: DroCalibrator, tick: int, settings: KoiSettings
+               ) -> tuple[BeliefStore, DroCalibrator, dict[str, float]]:
+    """Update beliefs and the DRO calibrator from one tick's observations (the causal
+    store's stage); also the median absolute log error before the update."""
+    residuals = [beliefs.corrected_residuals(o) if settings.use_beliefs
                  else log_residuals(o) for o in observations]
     abs_error = {k: float(np.median([abs(r[k]) for r in residuals if k in r]))
                  for k in ("ttft", "tpot", "throughput")
                  if any(k in r for r in residuals)}
     if not settings.learn or not observations:
-        return state.beliefs, state.calibrator, abs_error
-    tick = max(snapshot.tick, state.beliefs.tick)
-    beliefs = state.beliefs.update(observations, tick) if settings.use_beliefs else state.beliefs
-    return beliefs, state.calibrator.update(residuals, tick), abs_error
+        return beliefs, calibrator, abs_error
+    at = max(tick, beliefs.tick)
+    updated = beliefs.update(list(observations), at) if settings.use_beliefs else beliefs
+    return updated, calibrator.update(residuals, at), abs_error
 
 
 # --- propose / evaluate -----------------------------------------------------------------

@@ -52,3 +52,17 @@ class KoiNoLearning(_KoiBase):
 @register("koi-no-dro")
 class KoiNoDro(_KoiBase):
     settings = replace(KoiSettings(), use_dro=False)
+
+
+PLANNER_VARIANTS: dict[str, type[_KoiBase]] = {
+    "koi": Koi, "koi-no-causal": KoiNoCausal, "koi-no-learning": KoiNoLearning,
+    "koi-no-dro": KoiNoDro,
+}
+
+
+def settings_for(variant: str) -> KoiSettings:
+    """The planner settings of a Koi variant (what the services run with KOI_POLICY)."""
+    if variant not in PLANNER_VARIANTS:
+        raise ValueError(f"unknown planner variant {variant!r}; known: "
+                         f"{', '.join(PLANNER_VARIANTS)}")
+    return PLANNER_VARIANTS[variant].settings

@@ -14,6 +14,7 @@ clock. The simulator is the world: it must never import ``koi.predictor``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,7 +28,7 @@ from koi.cluster import (
     OfferingCapacity,
     PlanDecision,
 )
-from koi.jobs import OnlineJob
+from koi.jobs import JobSpec, OnlineJob
 from koi.records import RunRecord, TickRecord
 from koi.scenario.types import Scenario
 from koi.sim.actions import apply_action
@@ -99,6 +100,20 @@ class Simulator:
         out = [apply_action(self, a) for a in decision.actions]
         self._settle_evicted(self.now)
         return out
+
+    def submit(self, job: JobSpec) -> JobSpec:
+        """Add a job submitted while the run goes on (e.g. over the bus). It is seen from
+        the next snapshot; a ``submit_s`` in the past becomes now. Returns the job as
+        kept. Raises ``ValueError`` for a duplicate id."""
+        if job.id in self.jobs:
+            raise ValueError(f"job {job.id!r} already exists")
+        if job.submit_s < self.now:
+            job = dataclasses.replace(job, submit_s=self.now)
+        i = len(self._by_idx)
+        js = JobState(i, job, np.random.default_rng([self.seed, STREAM_JOB, i]))
+        self.jobs[job.id] = js
+        self._by_idx.append(js)
+        return job
 
     # --- helpers for actions -------------------------------------------------------------
 

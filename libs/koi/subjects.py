@@ -1,0 +1,125 @@
+"""Every NATS subject, JetStream stream, KV bucket and queue group Koi uses: one module.
+
+Pure names and small helpers that build them; no transport imports (the services in
+``services/`` import these, and so do the CLI and the tests). DESIGN §2 is the map:
+
+    sim ──koi.tick.<n>.snapshot, koi.telemetry.<n>──► telemetry-ingest
+    telemetry-ingest ──koi.tick.<n>.observations──► causal-store
+    causal-store ──koi.tick.<n>.causal (+ KV koi_causal)──► proposer
+    proposer ──koi.tick.<n>.candidates──► evaluator
+    evaluator ──koi.tick.<n>.plan──► placer
+    placer ──koi.tick.<n>.actions (+ KV koi_plan)──► sim (the cluster)
+
+Jobs come in on ``koi.jobs.submit`` (request/reply, ``JobSpec`` → ``JobAck``) and are
+kept on ``koi.jobs.accepted.<id>``; operator events on ``koi.events.<severity>.<kind>``;
+undecodable messages on ``koi.dlq.<service>``.
+"""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "koi"
+
+# --- jobs ------------------------------------------------------------------------------
+JOBS_SUBMIT = "koi.jobs.submit"                 # request/reply: JobSpec → JobAck
+JOBS_ACCEPTED_PREFIX = "koi.jobs.accepted"      # koi.jobs.accepted.<job id> (JobSpec)
+STREAM_JOBS = "KOI_JOBS"
+STREAM_JOBS_SUBJECTS = ("koi.jobs.accepted.>",)
+
+# --- telemetry -------------------------------------------------------------------------
+TELEMETRY_PREFIX = "koi.telemetry"              # koi.telemetry.<tick> (TelemetryBatch)
+STREAM_TELEMETRY = "KOI_TELEMETRY"
+STREAM_TELEMETRY_SUBJECTS = ("koi.telemetry.>",)
+
+# --- the tick --------------------------------------------------------------------------
+TICK_PREFIX = "koi.tick"                        # koi.tick.<n>.<stage>
+STREAM_TICKS = "KOI_TICKS"
+STREAM_TICKS_SUBJECTS = ("koi.tick.>",)
+STAGES = ("snapshot", "observations", "causal", "candidates", "plan", "actions")
+
+# --- operator events and dead letters --------------------------------------------------
+EVENTS_PREFIX = "koi.events"                    # koi.events.<severity>.<kind>
+STREAM_EVENTS = "KOI_EVENTS"
+STREAM_EVENTS_SUBJECTS = ("koi.events.>",)
+DLQ_PREFIX = "koi.dlq"                          # koi.dlq.<service>
+STREAM_DLQ = "KOI_DLQ"
+STREAM_DLQ_SUBJECTS = ("koi.dlq.>",)
+
+# --- work sharing (core NATS request/reply in queue groups) -----------------------------
+WORK_PROPOSE = "koi.work.propose"
+WORK_EVALUATE = "koi.work.evaluate"
+QUEUE_PROPOSER = "proposer"
+QUEUE_EVALUATOR = "evaluator"
+
+# --- control ---------------------------------------------------------------------------
+SIM_STATUS = "koi.sim.status"                   # the simulator's progress (SimStatus)
+
+# --- KV buckets ------------------------------------------------------------------------
+KV_CAUSAL = "koi_causal"      # key "state": the causal store's state (CausalState)
+KV_PLAN = "koi_plan"          # key "latest": the last good plan (ClusterPlan)
+KV_LEASES = "koi_leases"      # key "placer": the placer leader's lease
+KV_SIM = "koi_sim"            # key "state": the simulator's checkpoint marker
+KEY_CAUSAL_STATE = "state"
+KEY_LATEST_PLAN = "latest"
+KEY_PLACER_LEASE = "placer"
+
+STREAMS: dict[str, tuple[str, ...]] = {
+    STREAM_JOBS: STREAM_JOBS_SUBJECTS,
+    STREAM_TELEMETRY: STREAM_TELEMETRY_SUBJECTS,
+    STREAM_TICKS: STREAM_TICKS_SUBJECTS,
+    STREAM_EVENTS: STREAM_EVENTS_SUBJECTS,
+    STREAM_DLQ: STREAM_DLQ_SUBJECTS,
+}
+KV_BUCKETS = (KV_CAUSAL, KV_PLAN, KV_LEASES, KV_SIM)
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def token(value: str) -> str:
+    """``value`` as one subject token; raises ``ValueError`` if it cannot be one."""
+    if not _TOKEN.match(value):
+        raise ValueError(f"{value!r} is not a valid subject token "
+                         "(letters, digits, '_' and '-' only)")
+    return value
+
+
+def tick_subject(tick: int, stage: str) -> str:
+    """``koi.tick.<tick>.<stage>``, e.g. ``tick_subject(7, "plan")``."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; known: {', '.join(STAGES)}")
+    if tick < 0:
+        raise ValueError(f"tick must be >= 0 (got {tick})")
+    return f"{TICK_PREFIX}.{tick}.{stage}"
+
+
+def tick_filter(stage: str) -> str:
+    """The wildcard subject of one stage over every tick, ``koi.tick.*.<stage>``."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; known: {', '.join(STAGES)}")
+    return f"{TICK_PREFIX}.*.{stage}"
+
+
+def tick_of(subject: str) -> int:
+    """The tick number in a ``koi.tick.<n>.…`` or ``koi.telemetry.<n>`` subject."""
+    parts = subject.split(".")
+    if len(parts) >= 3 and parts[0] == PREFIX and parts[1] in ("tick", "telemetry"):
+        return int(parts[2])
+    raise ValueError(f"{subject!r} carries no tick")
+
+
+def telemetry_subject(tick: int) -> str:
+    return f"{TELEMETRY_PREFIX}.{tick}"
+
+
+def job_accepted_subject(job_id: str) -> str:
+    # job ids may hold '.', which would split the subject: map it to '_'
+    return f"{JOBS_ACCEPTED_PREFIX}.{token(job_id.replace('.', '_'))}"
+
+
+def event_subject(severity: str, kind: str) -> str:
+    return f"{EVENTS_PREFIX}.{token(severity.lower())}.{token(kind.lower())}"
+
+
+def dlq_subject(service: str) -> str:
+    return f"{DLQ_PREFIX}.{token(service)}"
