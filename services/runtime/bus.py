@@ -1,0 +1,561 @@
+"""The NATS/JetStream plumbing every Koi service uses, and nothing else (DESIGN §2).
+
+One ``Bus`` per process: streams and KV buckets (idempotent set-up, safe when services
+race), de-duplicated JetStream publishes (``Nats-Msg-Id``), last-value reads, durable
+at-least-once consumers that ack only after the handler returns and send undecodable
+messages to ``koi.dlq.<service>`` with an operator event, core request/reply in queue
+groups, KV helpers with revision checks, and a KV lease for the single placer leader.
+
+No decisions and no protobuf ⇄ domain conversion here: handlers get bytes (or what the
+caller's ``decode`` returns); the only message type this module builds is the
+``OperatorEvent`` of a dead letter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import nats
+import nats.errors
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
+from nats.js.errors import (
+    APIError,
+    BadRequestError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
+from nats.js.kv import KeyValue
+
+from koi import subjects
+from koi.v1 import events_pb2
+
+log = structlog.get_logger(__name__)
+
+MAX_MSG_BYTES = 8 * 1024 * 1024      # largest message a stream or KV value accepts
+STREAM_MAX_AGE_S = 24 * 3600.0       # limits retention: a day of ticks, events, letters
+DUPLICATE_WINDOW_S = 120.0           # Nats-Msg-Id de-duplication horizon
+HEADER_ORIGINAL_SUBJECT = "Koi-Original-Subject"
+HEADER_ERROR = "Koi-Error"
+_FETCH_WAIT_S = 1.0                  # a pull request's lifetime; also stop()'s latency
+_ERR_STREAM_NAME_IN_USE = 10058      # "stream name already in use with a different config"
+
+# (subject, payload or decoded payload, headers) → None
+Handler = Callable[[str, Any, Mapping[str, str] | None], Awaitable[None]]
+# (subject, payload, headers) → reply payload (None: an empty reply)
+Responder = Callable[[str, bytes, Mapping[str, str] | None], Awaitable[bytes | None]]
+
+
+class Undecodable(Exception):
+    """Raised by a handler (or its ``decode``) when a payload cannot be decoded: the
+    message goes to the service's dead-letter subject instead of being retried."""
+
+
+class RemoteError(Exception):
+    """A request/reply responder failed; its error text travels in ``Koi-Error``."""
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: ``*`` one token, ``>`` one or more trailing tokens."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(want):
+        if tok == ">":
+            return len(have) > i
+        if i >= len(have) or (tok != "*" and tok != have[i]):
+            return False
+    return len(want) == len(have)
+
+
+def stream_of(subject: str) -> str:
+    """The Koi stream that stores ``subject``; ``KeyError`` when none does."""
+    for stream, patterns in subjects.STREAMS.items():
+        if any(subject_matches(p, subject) for p in patterns):
+            return stream
+    raise KeyError(f"no Koi stream stores subject {subject!r}")
+
+
+def _header_safe(text: str, limit: int = 500) -> str:
+    return " ".join(text.split())[:limit]  # header values may not hold CR/LF
+
+
+def _enum_token(enum: Any, value: int, prefix: str) -> str:
+    name: str = enum.Name(value)
+    return name.removeprefix(prefix).lower()
+
+
+def _server(nc: Client) -> str:
+    url = nc.connected_url
+    return f"{url.scheme}://{url.netloc}" if url is not None else ""
+
+
+async def connect(url: str, name: str, *, wait_s: float | None = 30.0) -> Bus:
+    """Connect to NATS (``url`` may list several servers, comma-separated) and keep
+    reconnecting forever after that; raise ``ConnectionError`` if the first connection
+    does not succeed within ``wait_s`` (None: wait as long as it takes)."""
+    nc = Client()
+
+    async def on_error(err: Exception) -> None:
+        log.warning("nats_error", connection=name, error=str(err) or type(err).__name__)
+
+    async def on_disconnected() -> None:
+        if not (nc.is_closed or nc.is_draining):  # not worth a warning when we close it
+            log.warning("nats_disconnected", connection=name)
+
+    async def on_reconnected() -> None:
+        log.info("nats_reconnected", connection=name, server=_server(nc))
+
+    async def on_closed() -> None:
+        log.info("nats_closed", connection=name)
+
+    servers = [u.strip() for u in url.split(",") if u.strip()]
+    try:
+        await asyncio.wait_for(nc.connect(
+            servers=servers, name=name, allow_reconnect=True, max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,  # type: ignore[arg-type]  # typed int, used as seconds
+            connect_timeout=2, error_cb=on_error, disconnected_cb=on_disconnected,
+            reconnected_cb=on_reconnected, closed_cb=on_closed), wait_s)
+    except TimeoutError:
+        with contextlib.suppress(Exception):
+            await nc.close()
+        raise ConnectionError(f"could not connect to NATS at {url} within {wait_s} s") from None
+    log.info("nats_connected", connection=name, server=_server(nc))
+    return Bus(nc, name)
+
+
+class Bus:
+    """A connected NATS client with Koi's streams, KV buckets and conventions."""
+
+    def __init__(self, nc: Client, name: str) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.name = name
+        self._kv: dict[str, KeyValue] = {}
+        self._consumers: list[Consumer] = []
+        self._subscriptions: list[Subscription] = []
+
+    # -- set-up -------------------------------------------------------------------------
+    async def ensure_streams(self, *, replicas: int = 1) -> None:
+        """Create (or bring up to date) every stream in ``koi.subjects.STREAMS``."""
+        for name, patterns in subjects.STREAMS.items():
+            config = api.StreamConfig(
+                name=name, subjects=list(patterns), retention=api.RetentionPolicy.LIMITS,
+                storage=api.StorageType.FILE, discard=api.DiscardPolicy.OLD,
+                max_age=STREAM_MAX_AGE_S, duplicate_window=DUPLICATE_WINDOW_S,
+                max_msg_size=MAX_MSG_BYTES, num_replicas=replicas)
+            try:
+                await self.js.add_stream(config)  # identical config: the server says OK
+            except BadRequestError as err:
+                if err.err_code != _ERR_STREAM_NAME_IN_USE:
+                    raise
+                # another version (or another service) made it differently: converge
+                await self.js.update_stream(config)
+                log.info("stream_updated", stream=name)
+
+    async def ensure_kv(self, *, replicas: int = 1) -> None:
+        """Create every bucket in ``koi.subjects.KV_BUCKETS`` (history 1) if missing."""
+        for bucket in subjects.KV_BUCKETS:
+            config = api.KeyValueConfig(bucket=bucket, history=1, replicas=replicas,
+                                        storage=api.StorageType.FILE,
+                                        max_value_size=MAX_MSG_BYTES)
+            try:
+                self._kv[bucket] = await self.js.create_key_value(config)
+            except BadRequestError as err:
+                if err.err_code != _ERR_STREAM_NAME_IN_USE:
+                    raise
+                # exists with another configuration: use it as it is, values are values
+                self._kv[bucket] = await self.js.key_value(bucket)
+
+    # -- publishing and reading -----------------------------------------------------------
+    async def publish(self, subject: str, data: bytes, *, msg_id: str | None = None,
+                      headers: Mapping[str, str] | None = None,
+                      timeout_s: float = 5.0) -> api.PubAck:
+        """Store ``data`` on a stream; republishing the same ``msg_id`` within the
+        duplicate window is a no-op (the ack then says ``duplicate=True``)."""
+        hdrs = dict(headers or {})
+        if msg_id:
+            hdrs[api.Header.MSG_ID] = msg_id
+        return await self.js.publish(subject, data, timeout=timeout_s, headers=hdrs or None)
+
+    async def get_last(self, subject: str) -> bytes | None:
+        """The last message stored on exactly ``subject``, or None if there is none."""
+        try:
+            raw = await self.js.get_last_msg(stream_of(subject), subject)
+        except NotFoundError:
+            return None
+        return raw.data or b""
+
+    async def wait_for(self, subject: str, timeout_s: float) -> bytes | None:
+        """The last message on ``subject``, else the next one within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        arrived: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+        async def on_msg(msg: Msg) -> None:
+            if not arrived.done():
+                arrived.set_result(msg.data)
+
+        # subscribe *before* reading, so a message stored in between is not missed
+        sub = await self.nc.subscribe(subject, cb=on_msg)
+        try:
+            await self.nc.flush()
+            last = await self.get_last(subject)
+            if last is not None:
+                return last
+            try:
+                return await asyncio.wait_for(arrived, max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                return None
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+
+    async def emit(self, event: events_pb2.OperatorEvent) -> api.PubAck:
+        """Publish an operator event on ``koi.events.<severity>.<kind>``; fills in an
+        empty ``event_id``, ``time`` and ``service``; de-duplicated by ``event_id``."""
+        if event.severity == events_pb2.SEVERITY_UNSPECIFIED:
+            raise ValueError("an operator event needs a severity")
+        if event.kind == events_pb2.EVENT_KIND_UNSPECIFIED:
+            raise ValueError("an operator event needs a kind")
+        if not event.event_id:
+            event.event_id = uuid.uuid4().hex
+        if not event.HasField("time"):
+            event.time.GetCurrentTime()
+        if not event.service:
+            event.service = self.name
+        subject = subjects.event_subject(
+            _enum_token(events_pb2.Severity, event.severity, "SEVERITY_"),
+            _enum_token(events_pb2.EventKind, event.kind, "EVENT_KIND_"))
+        return await self.publish(subject, event.SerializeToString(), msg_id=event.event_id)
+
+    async def dead_letter(self, service: str, subject: str, data: bytes, error: str, *,
+                          msg_id: str | None = None, tick: int = 0) -> None:
+        """Park an undecodable payload on ``koi.dlq.<service>`` and tell the operators."""
+        error = _header_safe(error)
+        await self.publish(subjects.dlq_subject(service), data, msg_id=msg_id,
+                           headers={HEADER_ORIGINAL_SUBJECT: subject, HEADER_ERROR: error})
+        await self.emit(events_pb2.OperatorEvent(
+            tick=tick, severity=events_pb2.SEVERITY_ERROR, kind=events_pb2.EVENT_KIND_DLQ,
+            service=service, message=f"undecodable message on {subject}: {error}",
+            attributes={"subject": subject, "error": error, "bytes": str(len(data))},
+            event_id=f"{msg_id}.event" if msg_id else ""))
+        log.error("dead_lettered", service=service, subject=subject, error=error)
+
+    # -- durable consumers ----------------------------------------------------------------
+    async def consume(self, stream: str, durable: str, filter_subject: str, handler: Handler,
+                      *, service: str, decode: Callable[[bytes], Any] | None = None,
+                      ack_wait_s: float = 10.0, max_deliver: int = -1,
+                      nak_delay_s: float = 1.0, max_ack_pending: int = 1) -> Consumer:
+        """Run ``handler`` on every message of a durable pull consumer, one at a time.
+
+        Ack after the handler returns (at-least-once: handlers must be idempotent);
+        ``Undecodable`` (or ``decode`` failing) → dead letter, then term; any other
+        exception → logged, nak'd and redelivered after ``nak_delay_s``.
+        ``max_ack_pending=1`` keeps strict order across the consumer's replicas: a
+        message is redelivered before any later one is delivered.
+        """
+        config = api.ConsumerConfig(
+            durable_name=durable, name=durable, filter_subject=filter_subject,
+            deliver_policy=api.DeliverPolicy.ALL, ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=ack_wait_s, max_deliver=max_deliver, max_ack_pending=max_ack_pending)
+        sub = await self.js.pull_subscribe(filter_subject, durable=durable, stream=stream,
+                                           config=config)
+        consumer = Consumer(self, sub, durable=durable, service=service, handler=handler,
+                            decode=decode, ack_wait_s=ack_wait_s, nak_delay_s=nak_delay_s)
+        self._consumers.append(consumer)
+        return consumer
+
+    # -- core request/reply ---------------------------------------------------------------
+    async def subscribe(self, subject: str, handler: Responder, queue: str = "") -> Subscription:
+        """Answer requests on ``subject`` (in queue group ``queue``, if given), one at a
+        time per subscription; a failing handler answers with a ``Koi-Error`` header."""
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                reply = await handler(msg.subject, msg.data, msg.headers)
+            except Undecodable as err:
+                await self.dead_letter(self.name, msg.subject, msg.data, str(err))
+                await self._reply_error(msg, f"undecodable: {err}")
+            except Exception as err:
+                log.exception("responder_failed", subject=msg.subject)
+                await self._reply_error(msg, f"{type(err).__name__}: {err}")
+            else:
+                if msg.reply:
+                    await self.nc.publish(msg.reply, reply or b"")
+
+        sub = Subscription(await self.nc.subscribe(subject, queue=queue, cb=on_msg))
+        self._subscriptions.append(sub)
+        return sub
+
+    async def _reply_error(self, msg: Msg, error: str) -> None:
+        if msg.reply:
+            await self.nc.publish(msg.reply, b"", headers={HEADER_ERROR: _header_safe(error)})
+
+    async def request(self, subject: str, data: bytes, timeout_s: float) -> bytes:
+        """Ask whoever answers ``subject``; raises ``RemoteError`` if the responder
+        failed, nats' ``TimeoutError`` / ``NoRespondersError`` if nobody answered."""
+        msg = await self.nc.request(subject, data, timeout=timeout_s)
+        if msg.headers and HEADER_ERROR in msg.headers:
+            raise RemoteError(msg.headers[HEADER_ERROR])
+        return msg.data
+
+    # -- key/value --------------------------------------------------------------------------
+    async def _bucket(self, bucket: str) -> KeyValue:
+        kv = self._kv.get(bucket)
+        if kv is None:
+            kv = self._kv[bucket] = await self.js.key_value(bucket)
+        return kv
+
+    async def kv_get(self, bucket: str, key: str) -> tuple[bytes, int] | None:
+        """(value, revision), or None when the key is absent or deleted."""
+        try:
+            entry = await (await self._bucket(bucket)).get(key)
+        except KeyNotFoundError:
+            return None
+        return entry.value or b"", int(entry.revision or 0)
+
+    async def kv_put(self, bucket: str, key: str, value: bytes) -> int:
+        return int(await (await self._bucket(bucket)).put(key, value))
+
+    async def kv_update(self, bucket: str, key: str, value: bytes,
+                        last_revision: int) -> int | None:
+        """Write only if the key is still at ``last_revision``; None if someone else won."""
+        try:
+            return int(await (await self._bucket(bucket)).update(key, value, last_revision))
+        except KeyWrongLastSequenceError:
+            return None
+
+    async def kv_create(self, bucket: str, key: str, value: bytes) -> int | None:
+        """Write only if the key does not exist; None if it does."""
+        try:
+            return int(await (await self._bucket(bucket)).create(key, value))
+        except KeyWrongLastSequenceError:
+            return None
+
+    # -- shutdown ---------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Stop consumers (letting a running handler finish), then drain the connection."""
+        await asyncio.gather(*(consumer.stop() for consumer in self._consumers))
+        if not self.nc.is_closed:
+            try:
+                await self.nc.drain()
+            except (TimeoutError, nats.errors.Error):
+                await self.nc.close()
+
+
+class Subscription:
+    """A core NATS subscription with the same ``stop()`` as a ``Consumer``."""
+
+    def __init__(self, sub: Any) -> None:
+        self._sub = sub
+
+    async def stop(self) -> None:
+        with contextlib.suppress(nats.errors.Error):
+            await self._sub.unsubscribe()
+
+
+class Consumer:
+    """The background loop of one durable pull consumer (see ``Bus.consume``)."""
+
+    def __init__(self, bus: Bus, sub: JetStreamContext.PullSubscription, *, durable: str,
+                 service: str, handler: Handler, decode: Callable[[bytes], Any] | None,
+                 ack_wait_s: float, nak_delay_s: float) -> None:
+        self._bus = bus
+        self._sub = sub
+        self.durable = durable
+        self.service = service
+        self._handler = handler
+        self._decode = decode
+        self._ack_wait_s = ack_wait_s
+        self._nak_delay_s = nak_delay_s
+        self._stopping = asyncio.Event()
+        self.processed = 0
+        self.failed = 0
+        self.dead_lettered = 0
+        self._task = asyncio.create_task(self._run(), name=f"consume:{durable}")
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Finish the message in hand (within ``timeout_s``), then stop fetching."""
+        self._stopping.set()
+        try:
+            # not cancelled while idle: a pull request cut short could still be answered,
+            # leaving a message unacked (and, with max_ack_pending=1, the consumer stuck)
+            await asyncio.wait_for(asyncio.shield(self._task), timeout_s + _FETCH_WAIT_S)
+        except TimeoutError:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(nats.errors.Error, ValueError):
+            await self._sub.unsubscribe()
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set() and not self._bus.nc.is_closed:
+            try:
+                msgs = await self._sub.fetch(1, timeout=_FETCH_WAIT_S)
+            except TimeoutError:  # nats' TimeoutError and FetchTimeoutError too
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # disconnected, stream gone, ...: keep trying
+                log.warning("fetch_failed", durable=self.durable, error=str(err) or repr(err))
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                if self._stopping.is_set():
+                    await _settle(msg.nak())  # fetched while stopping: hand it back now
+                else:
+                    await self._process(msg)
+
+    async def _process(self, msg: Msg) -> None:
+        meta = msg.metadata
+        msg_id = (msg.headers or {}).get(api.Header.MSG_ID)
+        tick = _tick_or_zero(msg.subject)
+        bound = log.bind(service=self.service, durable=self.durable, subject=msg.subject,
+                         seq=meta.sequence.stream, delivered=meta.num_delivered, msg_id=msg_id)
+        keepalive = asyncio.create_task(self._keep_alive(msg))
+        try:
+            payload: Any = msg.data
+            if self._decode is not None:
+                try:
+                    payload = self._decode(msg.data)
+                except Exception as err:
+                    raise Undecodable(f"{type(err).__name__}: {err}") from err
+            # the handler's own log lines carry the tick and message id too
+            with structlog.contextvars.bound_contextvars(tick=tick, msg_id=msg_id):
+                await self._handler(msg.subject, payload, msg.headers)
+        except Undecodable as err:
+            keepalive.cancel()
+            await self._dead_letter(msg, msg_id, str(err), bound)
+        except asyncio.CancelledError:
+            keepalive.cancel()
+            await _settle(msg.nak())
+            raise
+        except Exception:
+            keepalive.cancel()
+            self.failed += 1
+            bound.exception("handler_failed")
+            await _settle(msg.nak(delay=self._nak_delay_s))
+        else:
+            keepalive.cancel()
+            self.processed += 1
+            await _settle(msg.ack())
+
+    async def _dead_letter(self, msg: Msg, msg_id: str | None, error: str, bound: Any) -> None:
+        letter_id = f"dlq.{self.service}.{msg_id or _stream_seq(msg)}"
+        try:
+            await self._bus.dead_letter(self.service, msg.subject, msg.data, error,
+                                        msg_id=letter_id, tick=_tick_or_zero(msg.subject))
+        except Exception:
+            # could not park it: leave it to redelivery rather than lose it
+            bound.exception("dead_letter_failed")
+            await _settle(msg.nak(delay=self._nak_delay_s))
+            return
+        self.dead_lettered += 1
+        await _settle(msg.term())
+
+    async def _keep_alive(self, msg: Msg) -> None:
+        """Tell the server a long handler is still working, so it does not redeliver."""
+        with contextlib.suppress(asyncio.CancelledError, nats.errors.Error):
+            while True:
+                await asyncio.sleep(max(0.5, self._ack_wait_s / 3))
+                await msg.in_progress()
+
+
+def _stream_seq(msg: Msg) -> str:
+    return f"{msg.metadata.stream}.{msg.metadata.sequence.stream}"
+
+
+def _tick_or_zero(subject: str) -> int:
+    try:
+        return subjects.tick_of(subject)
+    except ValueError:
+        return 0
+
+
+async def _settle(ack: Awaitable[None]) -> None:
+    """Send an ack/nak/term; if the connection is gone the server redelivers anyway."""
+    try:
+        await ack
+    except (nats.errors.Error, APIError) as err:
+        log.warning("ack_failed", error=str(err))
+
+
+class Lease:
+    """Leader election on the ``koi_leases`` bucket: one holder at a time per key.
+
+    The value is JSON ``{"holder", "expires_at"}`` (wall-clock seconds). ``acquire()``
+    creates the key if absent, or takes it over with a revision-checked update when it
+    has expired or is already ours, so two candidates cannot both win. The leader calls
+    ``renew()`` well within ``ttl_s``; a standby calling ``acquire()`` in a loop takes
+    over within about ``ttl_s`` after renewals stop. Clocks are assumed in step to well
+    under ``ttl_s`` (NTP).
+    """
+
+    def __init__(self, bus: Bus, key: str, holder: str, ttl_s: float,
+                 bucket: str = subjects.KV_LEASES) -> None:
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be > 0 (got {ttl_s})")
+        self._bus = bus
+        self.key = key
+        self.holder = holder
+        self.ttl_s = ttl_s
+        self.bucket = bucket
+        self._expires_at = 0.0  # our own lease's expiry (wall clock), 0 when not leading
+
+    @property
+    def is_leader(self) -> bool:
+        """True while we hold an unexpired lease (false once renewals have lapsed)."""
+        return time.time() < self._expires_at
+
+    async def acquire(self) -> bool:
+        """Become (or stay) the leader if the lease is free, expired or ours."""
+        now = time.time()
+        value = json.dumps({"holder": self.holder, "expires_at": now + self.ttl_s}).encode()
+        try:
+            current = await self._bus.kv_get(self.bucket, self.key)
+            if current is None:
+                revision = await self._bus.kv_create(self.bucket, self.key, value)
+            else:
+                holder, expires_at = _parse_lease(current[0])
+                if holder != self.holder and expires_at > now:
+                    self._expires_at = 0.0
+                    return False
+                revision = await self._bus.kv_update(self.bucket, self.key, value, current[1])
+        except (TimeoutError, nats.errors.Error) as err:
+            log.warning("lease_unreachable", key=self.key, holder=self.holder, error=str(err))
+            return self.is_leader
+        was_leader = self.is_leader
+        self._expires_at = now + self.ttl_s if revision is not None else 0.0
+        if self.is_leader and not was_leader:
+            log.info("lease_acquired", key=self.key, holder=self.holder, ttl_s=self.ttl_s)
+        return self.is_leader
+
+    async def renew(self) -> bool:
+        return await self.acquire()
+
+    async def release(self) -> None:
+        """Give the lease up now (expired in place), so a standby need not wait."""
+        if not self.is_leader:
+            return
+        self._expires_at = 0.0
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            current = await self._bus.kv_get(self.bucket, self.key)
+            if current is not None and _parse_lease(current[0])[0] == self.holder:
+                value = json.dumps({"holder": self.holder, "expires_at": 0.0}).encode()
+                await self._bus.kv_update(self.bucket, self.key, value, current[1])
+        log.info("lease_released", key=self.key, holder=self.holder)
+
+
+def _parse_lease(raw: bytes) -> tuple[str, float]:
+    try:
+        doc = json.loads(raw)
+        return str(doc["holder"]), float(doc["expires_at"])
+    except (ValueError, KeyError, TypeError):
+        return "", 0.0  # garbage in the lease: treat it as expired

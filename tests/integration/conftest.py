@@ -1,0 +1,93 @@
+"""Fixtures for tests against real servers: NATS with JetStream and a Redis-compatible cache.
+
+One server of each per session, embedded from the wheels on free ports, or the ones at
+``KOI_NATS_URL`` / ``KOI_REDIS_URL`` when those are set (never the system's defaults).
+``bus`` hands each test a connected ``Bus`` with every Koi stream and bucket present and
+empty. Tests that stop or kill a server get their own from ``own_nats`` / ``own_valkey``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import pytest
+import pytest_asyncio
+
+from koi import subjects
+from services.runtime.bus import Bus, connect
+from services.runtime.embedded import EmbeddedServer, start_nats, start_valkey
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> Iterator[str]:
+    external = os.environ.get("KOI_NATS_URL")
+    if external:
+        yield external
+        return
+    server = start_nats()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    external = os.environ.get("KOI_REDIS_URL")
+    if external:
+        yield external
+        return
+    server = start_valkey()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+async def reset_koi_state(bus: Bus) -> None:
+    """Empty every Koi stream and bucket and drop their consumers: tests start clean."""
+    await bus.ensure_streams()
+    await bus.ensure_kv()
+    for stream in subjects.STREAMS:
+        for consumer in await bus.js.consumers_info(stream):
+            await bus.js.delete_consumer(stream, consumer.name)
+        await bus.js.purge_stream(stream)
+    for bucket in subjects.KV_BUCKETS:
+        await bus.js.purge_stream(f"KV_{bucket}")
+
+
+@pytest_asyncio.fixture
+async def bus(nats_url: str) -> AsyncIterator[Bus]:
+    connected = await connect(nats_url, "test", wait_s=10)
+    await reset_koi_state(connected)
+    try:
+        yield connected
+    finally:
+        await connected.close()
+
+
+def _own(start: Callable[[], EmbeddedServer]) -> Iterator[Callable[[], EmbeddedServer]]:
+    started: list[EmbeddedServer] = []
+
+    def make() -> EmbeddedServer:
+        started.append(start())
+        return started[-1]
+
+    try:
+        yield make
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture
+def own_nats() -> Iterator[Callable[[], EmbeddedServer]]:
+    """A factory of private embedded NATS servers, all stopped after the test."""
+    yield from _own(start_nats)
+
+
+@pytest.fixture
+def own_valkey() -> Iterator[Callable[[], EmbeddedServer]]:
+    """A factory of private embedded Valkey servers, all stopped after the test."""
+    yield from _own(start_valkey)
