@@ -1,4 +1,4 @@
-"""The `koi` command line: predict, calibrate, bench, demo.
+"""The `koi` command line: predict, calibrate, bench, explain, demo, serve, submit, events.
 
 Thin: parses flags, calls the domain library, prints with rich. Each subcommand's
 logic lives in ``koi.*``; nothing here decides anything.
@@ -20,6 +20,8 @@ app = typer.Typer(help="Koi: a self-calibrating planner for LLM inference fleets
 bench_app = typer.Typer(help="Benchmarks: policies through scenarios (options below), or the"
                         " predictor's speed and accuracy (subcommands).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+events_app = typer.Typer(help="The operator event log.", no_args_is_help=True)
+app.add_typer(events_app, name="events")
 console = Console()
 
 Opt = typer.Option
@@ -171,12 +173,67 @@ def explain(
 
 @app.command()
 def demo(
-    fast: Annotated[bool, Opt(help="Accepted for compatibility; the demo is quick.")] = False,
+    scenario: Annotated[str, Opt(help="Scenario the simulated cluster runs.")] = "hetero-3h",
+    seed: Annotated[int, Opt(help="Seed of the world and the jobs.")] = 1,
+    horizon_s: Annotated[float | None, Opt(help="Stop the scenario after this many "
+                                                "simulated seconds.")] = None,
+    fast: Annotated[bool, Opt(help="A short run: the first hour of the scenario.")] = False,
+    timeout_s: Annotated[float, Opt(help="Give up after this many wall seconds.")] = 600.0,
+    predictor: Annotated[bool, Opt(help="Only show the predictor on public measurements "
+                                        "(no services).")] = False,
 ) -> None:
-    """Show the predictor at work on real deployments from public measurements."""
-    from koi.cli.reports import demo_report
+    """Run every service on an embedded NATS against a simulated fleet and show what the
+    planner does (live progress, events, then the run's metrics)."""
+    if predictor:
+        from koi.cli.reports import demo_report
 
-    demo_report(console)
+        demo_report(console)
+        return
+    from services.demo import run_demo
+
+    horizon = 3600.0 if fast and horizon_s is None else horizon_s
+    raise typer.Exit(run_demo(scenario=scenario, seed=seed, horizon_s=horizon,
+                              timeout_s=timeout_s, console=console))
+
+
+@app.command()
+def serve(name: Annotated[str, typer.Argument(help="Service: sim, telemetry-ingest, "
+                                                   "causal-store, proposer, evaluator, "
+                                                   "placer, planner-api.")]) -> None:
+    """Run one service until SIGTERM/SIGINT (settings from the KOI_* environment)."""
+    from services.cli import serve as serve_service
+
+    serve_service(name)
+
+
+@app.command()
+def submit(
+    path: Annotated[Path, typer.Argument(help="Job YAML (one job or a list).")],
+    nats_url: Annotated[str | None, Opt(help="NATS URL (default $KOI_NATS_URL).")] = None,
+    timeout_s: Annotated[float, Opt(help="Seconds to wait for each ack.")] = 15.0,
+) -> None:
+    """Submit jobs on koi.jobs.submit and print each ack (accepted with its id, or rejected
+    with the reason). Exit code 1 if any was rejected or unanswered."""
+    from services.cli import submit as submit_jobs
+
+    raise typer.Exit(submit_jobs(path, nats_url, timeout_s))
+
+
+@events_app.command("follow")
+def events_follow(
+    job: Annotated[str | None, Opt(help="Only this job's events.")] = None,
+    severity: Annotated[str, Opt(help="Minimum severity: debug|info|warning|error|"
+                                      "critical.")] = "info",
+    since: Annotated[str, Opt(help="Start from 30s/10m/2h/1d ago, an ISO time, or "
+                                   "'all'.")] = "10m",
+    follow: Annotated[bool, Opt(help="Keep following new events (--no-follow: print what "
+                                     "is there and exit).")] = True,
+    nats_url: Annotated[str | None, Opt(help="NATS URL (default $KOI_NATS_URL).")] = None,
+) -> None:
+    """Print operator events as readable lines, with the mechanisms behind each."""
+    from services.cli import events_follow as follow_events
+
+    follow_events(nats_url, job, severity, since, follow)
 
 
 if __name__ == "__main__":

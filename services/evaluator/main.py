@@ -1,0 +1,118 @@
+"""evaluator: ``koi.tick.<n>.candidates`` → ``koi.tick.<n>.plan``.
+
+The coordinator (the replica whose durable consumer got the tick) cuts the candidates
+into slices at job boundaries and shares them on ``koi.work.evaluate`` (queue group
+``evaluator``); each slice is ``koi.planner.tick.evaluate_stage`` with the kernel behind
+the Redis prediction cache. The joined scores are composed into one plan
+(``compose_stage``, HiGHS MILP), explained, and published.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from koi import subjects
+from koi.planner.evaluate import Evaluated
+from koi.planner.explain import explain_choices
+from koi.planner.tick import compose_stage, evaluate_stage
+from koi.policies.koi import settings_for
+from koi.v1 import work_pb2
+from koi.wire import planning
+from services.evaluator.kernel import CachedKernel
+from services.runtime.app import ServiceContext, main
+from services.runtime.bus import Undecodable
+from services.runtime.cache import PredictionCache
+from services.runtime.ticks import TickReader
+from services.runtime.work import serve_work, share
+
+NAME = "evaluator"
+KEY_CACHE_STATS = "evaluator-cache"
+ARRAYS = ("max_rate_rps", "nominal_max_rate_rps", "goodput_tok_s", "ttft_p95_ms",
+          "tpot_p95_ms", "kv_pressure", "comm_overhead_frac", "queue_util", "gpus")
+
+
+def job_slices(job_ids: list[str], size: int) -> list[tuple[int, int]]:
+    """[start, end) slices of about ``size`` candidates, never splitting a job."""
+    out, start = [], 0
+    for i in range(1, len(job_ids) + 1):
+        at_boundary = i == len(job_ids) or job_ids[i] != job_ids[i - 1]
+        if at_boundary and (i - start >= size or i == len(job_ids)):
+            out.append((start, i))
+            start = i
+    return out
+
+
+def to_slice(tick: int, start: int, end: int, ev: Evaluated, hits: int, misses: int) -> bytes:
+    msg = work_pb2.EvaluatedSlice(tick=tick, start=start, end=end, cache_hits=hits,
+                                  cache_misses=misses)
+    for name in ARRAYS:
+        getattr(msg, name).extend(getattr(ev, name).tolist())
+    msg.slo_feasible.extend(bool(x) for x in ev.slo_feasible)
+    return msg.SerializeToString()
+
+
+def from_slice(msg: work_pb2.EvaluatedSlice, proposals) -> Evaluated:
+    arrays = {name: np.array(getattr(msg, name), dtype=float) for name in ARRAYS}
+    return Evaluated(proposals=tuple(proposals[msg.start:msg.end]), **arrays,
+                     slo_feasible=np.array(msg.slo_feasible, dtype=bool))
+
+
+async def run(ctx: ServiceContext) -> None:
+    settings = settings_for(ctx.settings.policy)
+    reader = TickReader(ctx.bus, ctx.settings.stage_deadline_s)
+    cache = PredictionCache(ctx.settings.redis_url or None)
+    kernel = CachedKernel(cache, settings.backend)
+
+    async def work(data: bytes) -> bytes:
+        item = work_pb2.EvaluateWork.FromString(data)
+        snapshot = await reader.snapshot(item.tick)
+        beliefs, calibrator, _ = await reader.causal(item.tick)
+        _, _, proposals = await reader.candidates(item.tick)
+        h0, m0 = kernel.hits, kernel.misses
+        ev = evaluate_stage(proposals[item.start:item.end], snapshot, beliefs, calibrator,
+                            settings, ctx.catalog, kernel=kernel)
+        return to_slice(item.tick, item.start, item.end, ev, kernel.hits - h0,
+                        kernel.misses - m0)
+
+    async def handle(subject: str, data: bytes, headers: dict | None) -> None:
+        tick = subjects.tick_of(subject)
+        if await ctx.bus.get_last(subjects.tick_subject(tick, "plan")) is not None:
+            return  # already done (a redelivery)
+        try:
+            _, version, proposals = planning.decode_candidates(data)
+        except Exception as exc:
+            raise Undecodable(f"candidates: {exc}") from exc
+        snapshot = await reader.snapshot(tick)
+        beliefs, calibrator, _ = await reader.causal(tick)
+        slices = job_slices([p.job_id for p in proposals], ctx.settings.eval_shard)
+        items = [work_pb2.EvaluateWork(tick=tick, start=a, end=b).SerializeToString()
+                 for a, b in slices]
+        answers = [work_pb2.EvaluatedSlice.FromString(a) for a in await share(
+            ctx.bus, subjects.WORK_EVALUATE, items, work, ctx.settings.stage_deadline_s / 2)]
+        ev = Evaluated.concat([from_slice(a, proposals) for a in answers])
+        plan = compose_stage(ev, snapshot, settings, ctx.catalog)
+        explanations = explain_choices(plan, ev, beliefs, calibrator, ctx.catalog,
+                                       settings.use_beliefs)
+        await ctx.bus.publish(subjects.tick_subject(tick, "plan"),
+                              planning.encode_plan(tick, plan, explanations, version,
+                                                   catalog=ctx.catalog),
+                              msg_id=f"plan-{tick}")
+        hits, misses = sum(a.cache_hits for a in answers), sum(a.cache_misses for a in answers)
+        stats = {"tick": tick, "hits": hits, "misses": misses, "cache": cache.stats()}
+        await ctx.bus.kv_put(subjects.KV_PLAN, KEY_CACHE_STATS, json.dumps(stats).encode())
+        ctx.log.info("evaluated", tick=tick, candidates=len(proposals), slices=len(slices),
+                     cache_hits=hits, cache_misses=misses, solver=str(plan.solver),
+                     status=plan.status)
+
+    sub = await serve_work(ctx.bus, subjects.WORK_EVALUATE, subjects.QUEUE_EVALUATOR, work)
+    handle_ = await ctx.bus.consume(subjects.STREAM_TICKS, "evaluator",
+                                    subjects.tick_filter("candidates"), handle, service=NAME)
+    await ctx.stopping.wait()
+    await handle_.stop()
+    await sub.unsubscribe()
+
+
+if __name__ == "__main__":
+    main(NAME, run)

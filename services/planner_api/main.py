@@ -1,0 +1,72 @@
+"""planner-api: the gRPC ``PlanService`` over a read model fed from the bus.
+
+Ordered (ephemeral) JetStream consumers replay and then follow the plans, snapshots
+(deployments and jobs), causal states and accepted jobs into ``ReadModel``; the gRPC
+server (reflection and health included) answers from it. It owns nothing: a restart
+rebuilds the same view from the streams. The bound port is logged and stored in the
+``koi_plan`` bucket (key ``planner-api``) so a client of an ephemeral port can find it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from koi import subjects
+from koi.v1 import causal_pb2, cluster_pb2, jobs_pb2, plan_pb2
+from services.planner_api.grpc_server import serve
+from services.planner_api.readmodel import ReadModel
+from services.runtime.app import ServiceContext, main
+
+NAME = "planner-api"
+KEY_ADDR = "planner-api"
+
+
+def feeds(model: ReadModel) -> dict:
+    """Subject filter → callback turning one stored message into read-model updates."""
+
+    def plan(subject: str, data: bytes) -> None:
+        model.on_plan(plan_pb2.ClusterPlan.FromString(data))
+
+    def snapshot(subject: str, data: bytes) -> None:
+        snap = cluster_pb2.ClusterSnapshot.FromString(data)
+        for status in snap.jobs:
+            model.on_job(status.spec, snap.tick)
+            if status.rejected:
+                model.on_job_rejected(status.spec.id, status.reason, snap.tick)
+        model.on_deployments(snap.tick, list(snap.deployments))
+
+    def causal(subject: str, data: bytes) -> None:
+        model.on_causal(causal_pb2.CausalState.FromString(data))
+
+    def job(subject: str, data: bytes) -> None:
+        model.on_job(jobs_pb2.JobSpec.FromString(data), -1)
+
+    return {subjects.tick_filter("plan"): plan, subjects.tick_filter("snapshot"): snapshot,
+            subjects.tick_filter("causal"): causal, f"{subjects.JOBS_ACCEPTED_PREFIX}.>": job}
+
+
+async def run(ctx: ServiceContext) -> None:
+    model = ReadModel(catalog=ctx.catalog)
+    server = serve(model, ctx.settings.grpc_addr)
+    host = ctx.settings.grpc_addr.rsplit(":", 1)[0]
+    await ctx.bus.kv_put(subjects.KV_PLAN, KEY_ADDR, f"{host}:{server.port}".encode())
+    ctx.log.info("grpc_listening", addr=f"{host}:{server.port}")
+    subs = []
+    for subject, fn in feeds(model).items():
+        async def cb(msg, fn=fn) -> None:
+            try:
+                fn(msg.subject, msg.data)
+            except Exception as exc:  # a read model skips what it cannot read
+                ctx.log.warning("feed_skipped", subject=msg.subject, error=repr(exc))
+        subs.append(await ctx.bus.js.subscribe(subject, ordered_consumer=True, cb=cb))
+    try:
+        await ctx.stopping.wait()
+    finally:
+        for s in subs:
+            await s.unsubscribe()
+        model.close_watches()
+        await asyncio.to_thread(server.stop, 2.0)
+
+
+if __name__ == "__main__":
+    main(NAME, run)

@@ -1,0 +1,69 @@
+"""proposer: ``koi.tick.<n>.causal`` → ``koi.tick.<n>.candidates``.
+
+The tick's active jobs are cut into work items on ``koi.work.propose`` that every
+proposer replica serves (queue group ``proposer``); each item is
+``koi.planner.tick.propose_stage`` for its jobs against the tick's snapshot and causal
+state, read back from the tick stream. Candidates come back in job order, exactly as
+the in-process planner orders them.
+"""
+
+from __future__ import annotations
+
+from koi import subjects
+from koi.planner.tick import active_jobs, propose_stage
+from koi.policies.koi import settings_for
+from koi.v1 import work_pb2
+from koi.wire import planning
+from services.runtime.app import ServiceContext, main
+from services.runtime.bus import Undecodable
+from services.runtime.ticks import TickReader
+from services.runtime.work import chunks, serve_work, share
+
+NAME = "proposer"
+JOBS_PER_ITEM = 8
+
+
+async def run(ctx: ServiceContext) -> None:
+    settings = settings_for(ctx.settings.policy)
+    reader = TickReader(ctx.bus, ctx.settings.stage_deadline_s)
+
+    async def work(data: bytes) -> bytes:
+        item = work_pb2.ProposeWork.FromString(data)
+        snapshot = await reader.snapshot(item.tick)
+        beliefs, _, _ = await reader.causal(item.tick)
+        by_id = {j.id: j for j in active_jobs(snapshot)}
+        jobs = [by_id[i] for i in item.job_ids if i in by_id]
+        proposals = propose_stage(snapshot, beliefs, settings, ctx.catalog, jobs=jobs)
+        return planning.encode_candidates(item.tick, beliefs.version, proposals)
+
+    async def handle(subject: str, data: bytes, headers: dict | None) -> None:
+        tick = subjects.tick_of(subject)
+        if await ctx.bus.get_last(subjects.tick_subject(tick, "candidates")) is not None:
+            return  # already done (a redelivery)
+        try:
+            beliefs, _, _ = await reader.causal(tick)
+        except Exception as exc:
+            raise Undecodable(f"causal state: {exc}") from exc
+        snapshot = await reader.snapshot(tick)
+        ids = [j.id for j in active_jobs(snapshot)]
+        items = [work_pb2.ProposeWork(tick=tick, job_ids=ids[a:b]).SerializeToString()
+                 for a, b in chunks(len(ids), JOBS_PER_ITEM)]
+        answers = await share(ctx.bus, subjects.WORK_PROPOSE, items, work,
+                              ctx.settings.stage_deadline_s / 2)
+        proposals = [p for a in answers for p in planning.decode_candidates(a)[2]]
+        await ctx.bus.publish(subjects.tick_subject(tick, "candidates"),
+                              planning.encode_candidates(tick, beliefs.version, proposals),
+                              msg_id=f"candidates-{tick}")
+        ctx.log.info("proposed", tick=tick, jobs=len(ids), candidates=len(proposals),
+                     items=len(items))
+
+    sub = await serve_work(ctx.bus, subjects.WORK_PROPOSE, subjects.QUEUE_PROPOSER, work)
+    handle_ = await ctx.bus.consume(subjects.STREAM_TICKS, "proposer",
+                                    subjects.tick_filter("causal"), handle, service=NAME)
+    await ctx.stopping.wait()
+    await handle_.stop()
+    await sub.unsubscribe()
+
+
+if __name__ == "__main__":
+    main(NAME, run)

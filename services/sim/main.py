@@ -1,0 +1,176 @@
+"""sim: the simulated fleet behind the bus (the placer's backend in a test or demo).
+
+Each tick ``n`` it publishes ``koi.tick.<n>.snapshot`` and the telemetry of the tick it
+just simulated on ``koi.telemetry.<n>``, then waits for ``koi.tick.<n>.actions``,
+applies them and advances. Jobs accepted on ``koi.jobs.accepted.>`` join at the next
+tick boundary; their messages are acked only once a published snapshot holds them.
+
+Restart-safe by replay: the simulator is deterministic given its seed, the actions and
+the jobs, all of which are in the tick stream, so a restarted sim re-applies the stored
+actions of every finished tick, re-injecting the jobs each stored snapshot held, and
+carries on where the last one stopped. At the horizon it stores the run's metrics
+(``RunSummary``) in the ``koi_sim`` bucket and idles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from koi import subjects
+from koi.cluster import DeploymentTelemetry, PlanDecision
+from koi.jobs import JobSpec
+from koi.metrics import metrics_for
+from koi.scenario import load_scenario
+from koi.sim.simulator import Simulator
+from koi.v1 import bus_pb2, jobs_pb2, work_pb2
+from koi.wire import codec, planning
+from koi.wire.jobs import job_from_proto
+from services.runtime.app import ServiceContext, main
+
+NAME = "sim"
+KEY_SUMMARY = "summary"
+JOBS_DURABLE = "sim-jobs"
+
+
+def build_simulator(ctx: ServiceContext) -> Simulator:
+    s = ctx.settings
+    scn = load_scenario(s.scenario)
+    if s.horizon_s is not None:
+        scn = dataclasses.replace(scn, horizon_s=min(scn.horizon_s, s.horizon_s))
+    return Simulator(scn, seed=s.seed, sample_fraction=s.sample_fraction,
+                     catalog=ctx.catalog)
+
+
+async def replay(ctx: ServiceContext, sim: Simulator) -> list[DeploymentTelemetry]:
+    """Re-apply every finished tick stored on the bus; returns the last telemetry."""
+    telemetry: list[DeploymentTelemetry] = []
+    while not sim.done:
+        raw = await ctx.bus.get_last(subjects.tick_subject(sim.tick, "snapshot"))
+        if raw is None:
+            break
+        for status in planning.decode_snapshot(raw).jobs:
+            if status.id not in sim.jobs:
+                sim.submit(status.spec)
+        acts = await ctx.bus.get_last(subjects.tick_subject(sim.tick, "actions"))
+        if acts is None:
+            break
+        decision, _ = planning.decode_actions(acts)
+        sim.apply(decision)
+        telemetry = sim.advance()
+    if sim.tick:
+        ctx.log.info("sim_replayed", ticks=sim.tick)
+    return telemetry
+
+
+def _status(sim: Simulator, ticks: int) -> bytes:
+    last = sim.timeline[-1] if sim.timeline else None
+    msg = bus_pb2.SimStatus(
+        tick=sim.tick, ticks=ticks, time_s=sim.now, horizon_s=sim.scenario.horizon_s,
+        done=sim.done, jobs_admitted=sum(js.admitted for js in sim.jobs.values()),
+        jobs_submitted=sum(js.spec.submit_s <= sim.now for js in sim.jobs.values()),
+        slo_attainment=(min(last.ttft_met_frac, last.tpot_met_frac) if last else 1.0),
+        usd_per_hour=last.spend_usd_per_hour if last else 0.0,
+        scenario=sim.scenario.name, seed=sim.seed)
+    if last:
+        msg.gpus_by_family.update(last.gpus_by_family)
+    return msg.SerializeToString()
+
+
+def summary(sim: Simulator, wall_s: float, submitted: list[str], ctx: ServiceContext
+            ) -> work_pb2.RunSummary:
+    record = dataclasses.replace(sim.record("koi-bus"), wall_s=wall_s)
+    # jobs that came over the bus count in the offered load and the reference price
+    scn = dataclasses.replace(sim.scenario,
+                              jobs=tuple(js.spec for js in sim.jobs.values()))
+    m = metrics_for(record, scn, ctx.catalog)
+    out = work_pb2.RunSummary(scenario=sim.scenario.name, seed=sim.seed, ticks=sim.tick,
+                              wall_s=wall_s, submitted_jobs=submitted)
+    for f in dataclasses.fields(m):
+        v = getattr(m, f.name)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            out.metrics[f.name] = float(v)
+    return out
+
+
+async def _events(ctx: ServiceContext, sim: Simulator, seen: int) -> int:
+    """Preemptions and stock-outs the world did this tick, as operator events."""
+    events = sim.fleet.events
+    for i, e in enumerate(events[seen:], start=seen):
+        if e.kind in ("preemption", "stockout"):
+            await ctx.event(kind="preemption", severity="warning", tick=e.tick,
+                            key=str(i), job_id=e.job_id, deployment_id=e.deployment_id,
+                            message=f"{e.kind}: {e.detail}", scenario_time_s=e.time_s)
+    return len(events)
+
+
+async def run(ctx: ServiceContext) -> None:
+    sim = build_simulator(ctx)
+    ticks = max(1, int(-(-sim.scenario.horizon_s // sim.scenario.tick_s)))
+    telemetry = await replay(ctx, sim)
+    seen_events = len(sim.fleet.events)
+    jobs_sub = await ctx.bus.js.pull_subscribe(
+        f"{subjects.JOBS_ACCEPTED_PREFIX}.>", durable=JOBS_DURABLE,
+        stream=subjects.STREAM_JOBS)
+    submitted = [js.spec.id for js in sim.jobs.values()
+                 if js.spec.id not in {j.id for j in sim.scenario.jobs}]
+    t0 = time.perf_counter()
+    wait_s = 2 * ctx.settings.stage_deadline_s  # the placer degrades well before this
+    while not sim.done and not ctx.stopping.is_set():
+        n = sim.tick
+        stored = await ctx.bus.get_last(subjects.tick_subject(n, "snapshot"))
+        pending = [] if stored is not None else await _fetch_jobs(jobs_sub)
+        for msg in pending:
+            job = _decode_job(ctx, msg.data)
+            if job is not None and job.id not in sim.jobs:
+                sim.submit(job)
+                submitted.append(job.id)
+        snap = sim.snapshot()
+        await ctx.bus.publish(subjects.tick_subject(n, "snapshot"),
+                              planning.encode_snapshot(snap), msg_id=f"snapshot-{n}")
+        await ctx.bus.publish(subjects.telemetry_subject(n),
+                              planning.encode_telemetry(n, telemetry), msg_id=f"telemetry-{n}")
+        for msg in pending:  # the effect (a published snapshot holding the job) is done
+            await msg.ack()
+        await ctx.bus.nc.publish(subjects.SIM_STATUS, _status(sim, ticks))
+        raw = await ctx.bus.wait_for(subjects.tick_subject(n, "actions"), wait_s)
+        if raw is None:
+            decision = PlanDecision(tick=n, notes={"degraded": "no actions in time"})
+            await ctx.event(kind="degraded_tick", severity="error", tick=n, key="sim",
+                            message=f"tick {n}: no actions within {wait_s:g} s; the fleet "
+                                    "keeps what it runs", scenario_time_s=sim.now)
+        else:
+            decision, _ = planning.decode_actions(raw)
+        sim.apply(decision)
+        telemetry = sim.advance()
+        seen_events = await _events(ctx, sim, seen_events)
+        ctx.log.debug("tick_done", tick=n)
+    if sim.done:
+        await ctx.bus.nc.publish(subjects.SIM_STATUS, _status(sim, ticks))
+        done = summary(sim, time.perf_counter() - t0, submitted, ctx)
+        await ctx.bus.kv_put(subjects.KV_SIM, KEY_SUMMARY, done.SerializeToString())
+        ctx.log.info("run_done", ticks=sim.tick, score=done.metrics.get("overall_score"))
+        await ctx.stopping.wait()
+
+
+async def _fetch_jobs(sub) -> list:
+    try:
+        return await sub.fetch(256, timeout=0.05)
+    except TimeoutError:
+        return []
+    except Exception as exc:  # nats raises its own TimeoutError subclass on no messages
+        if "timeout" in type(exc).__name__.lower():
+            return []
+        raise
+
+
+def _decode_job(ctx: ServiceContext, data: bytes) -> JobSpec | None:
+    try:
+        return job_from_proto(codec.decode(data, jobs_pb2.JobSpec), catalog=ctx.catalog)
+    except Exception as exc:  # validated at submission; a bad one here is logged, skipped
+        ctx.log.error("bad_accepted_job", error=repr(exc))
+        return None
+
+
+if __name__ == "__main__":
+    main(NAME, run)
