@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from koi import subjects
 from koi.catalog import load_catalog
@@ -54,8 +55,9 @@ async def _submit(path: Path, nats_url: str, timeout_s: float, console: Console)
             elif ack.accepted:
                 console.print(f"[green]accepted[/green] {ack.job_id} (tick {ack.tick})")
             else:
-                where = f" [{ack.field}]" if ack.field else ""
-                console.print(f"[red]rejected[/red] {ack.job_id or job.id}{where}: {ack.reason}")
+                where = f" ({ack.field})" if ack.field else ""
+                console.print(f"[red]rejected[/red] {escape(ack.job_id or job.id)}"
+                              f"{escape(where)}: {escape(ack.reason)}")
                 failed += 1
     finally:
         await nc.close()

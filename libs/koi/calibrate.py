@@ -124,7 +124,7 @@ class DroCalibrator:
 
     def to_bytes(self) -> bytes:
         doc: dict[str, Any] = {"format": FORMAT, **asdict(self)}
-        return zlib.compress(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode(), 9)
+        return zlib.compress(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode(), 1)
 
     @staticmethod
     def from_bytes(data: bytes) -> DroCalibrator:

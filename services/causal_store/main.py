@@ -1,9 +1,10 @@
 """causal-store: ``koi.tick.<n>.observations`` → ``koi.tick.<n>.causal``.
 
 The state (beliefs, mechanisms, DRO calibrator, the last tick folded in) lives in the
-``koi_causal`` KV bucket, written before the tick's ``causal`` message is published, so
-a restart loses nothing and a redelivered tick is not learnt twice: a tick at or below
-the stored one is only re-published. Newly discovered and retired mechanisms become
+``koi_causal`` KV bucket, written right after the tick's ``causal`` message is published
+and before the observations are acked, so a restart loses nothing and a redelivered
+tick is not learnt twice: a tick at the stored one is only re-published, an older one
+is dropped. Newly discovered and retired mechanisms become
 operator events.
 """
 
@@ -21,41 +22,60 @@ from services.runtime.bus import Undecodable
 NAME = "causal-store"
 
 
-async def load_state(ctx: ServiceContext) -> tuple[BeliefStore, DroCalibrator, int]:
-    got = await ctx.bus.kv_get(subjects.KV_CAUSAL, subjects.KEY_CAUSAL_STATE)
-    if got is None:
-        return BeliefStore(), DroCalibrator(), -1
-    return planning.decode_causal_state(got[0])
+class StateCache:
+    """The stored state, decoded again only when the bucket's revision moved (another
+    replica or an operator wrote it); the bucket stays the one truth."""
+
+    def __init__(self) -> None:
+        self.revision = -1
+        self.state: tuple[BeliefStore, DroCalibrator, int] = (BeliefStore(), DroCalibrator(), -1)
+
+    async def load(self, ctx: ServiceContext) -> tuple[BeliefStore, DroCalibrator, int]:
+        got = await ctx.bus.kv_get(subjects.KV_CAUSAL, subjects.KEY_CAUSAL_STATE)
+        if got is None:
+            return BeliefStore(), DroCalibrator(), -1
+        data, revision = got
+        if revision != self.revision:
+            self.state, self.revision = planning.decode_causal_state(data), revision
+        return self.state
+
+    def stored(self, revision: int, state: tuple[BeliefStore, DroCalibrator, int]) -> None:
+        self.revision, self.state = revision, state
 
 
 async def run(ctx: ServiceContext) -> None:
     settings = settings_for(ctx.settings.policy)
+    cache = StateCache()
 
     async def handle(subject: str, data: bytes, headers: dict | None) -> None:
         try:
             tick, observations = planning.decode_observations(data)
         except Exception as exc:
             raise Undecodable(f"observations: {exc}") from exc
-        beliefs, calibrator, last = await load_state(ctx)
-        if tick > last:
+        beliefs, calibrator, last = await cache.load(ctx)
+        if tick < last:
+            ctx.log.info("stale_observations", tick=tick, state_tick=last)
+            return
+        learnt = tick > last
+        if learnt:
             before = dict(beliefs.mechanisms)
             beliefs, calibrator, abs_error = learn_from(observations, beliefs, calibrator,
                                                         tick, settings)
-            state = planning.encode_causal_state(beliefs, calibrator, tick,
-                                                 target_coverage=settings.coverage)
-            await ctx.bus.kv_put(subjects.KV_CAUSAL, subjects.KEY_CAUSAL_STATE, state)
+        state = planning.encode_causal_state(beliefs, calibrator, tick,
+                                             target_coverage=settings.coverage,
+                                             readable_beliefs=False)
+        # publish first, store second: learning is deterministic in (stored state, the
+        # tick's observations), so a crash in between re-learns the same state from the
+        # redelivered observations and re-publishes the same bytes (de-duplicated)
+        await ctx.bus.publish(subjects.tick_subject(tick, "causal"), state,
+                              msg_id=f"causal-{tick}")
+        if learnt:
+            revision = await ctx.bus.kv_put(subjects.KV_CAUSAL, subjects.KEY_CAUSAL_STATE, state)
+            cache.stored(revision, (beliefs, calibrator, tick))
             ctx.log.info("learnt", tick=tick, observations=len(observations),
                          belief_version=beliefs.version, **{f"err_{k}": round(v, 4)
                                                             for k, v in abs_error.items()})
             await _mechanism_events(ctx, before, beliefs, tick)
-        elif tick < last:
-            ctx.log.info("stale_observations", tick=tick, state_tick=last)
-            return
-        else:
-            state = planning.encode_causal_state(beliefs, calibrator, tick,
-                                                 target_coverage=settings.coverage)
-        await ctx.bus.publish(subjects.tick_subject(tick, "causal"), state,
-                              msg_id=f"causal-{tick}")
 
     handle_ = await ctx.bus.consume(subjects.STREAM_TICKS, "causal-store",
                                     subjects.tick_filter("observations"), handle,

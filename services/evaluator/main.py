@@ -10,6 +10,7 @@ the Redis prediction cache. The joined scores are composed into one plan
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 
@@ -44,9 +45,10 @@ def job_slices(job_ids: list[str], size: int) -> list[tuple[int, int]]:
     return out
 
 
-def to_slice(tick: int, start: int, end: int, ev: Evaluated, hits: int, misses: int) -> bytes:
+def to_slice(tick: int, start: int, end: int, ev: Evaluated, hits: int = 0, misses: int = 0,
+             skipped: int = 0) -> bytes:
     msg = work_pb2.EvaluatedSlice(tick=tick, start=start, end=end, cache_hits=hits,
-                                  cache_misses=misses)
+                                  cache_misses=misses, cache_skipped=skipped)
     for name in ARRAYS:
         getattr(msg, name).extend(getattr(ev, name).tolist())
     msg.slo_feasible.extend(bool(x) for x in ev.slo_feasible)
@@ -70,48 +72,78 @@ async def run(ctx: ServiceContext) -> None:
         snapshot = await reader.snapshot(item.tick)
         beliefs, calibrator, _ = await reader.causal(item.tick)
         _, _, proposals = await reader.candidates(item.tick)
-        h0, m0 = kernel.hits, kernel.misses
+        h0, m0, s0 = kernel.hits, kernel.misses, kernel.skipped
         ev = evaluate_stage(proposals[item.start:item.end], snapshot, beliefs, calibrator,
                             settings, ctx.catalog, kernel=kernel)
         return to_slice(item.tick, item.start, item.end, ev, kernel.hits - h0,
-                        kernel.misses - m0)
+                        kernel.misses - m0, kernel.skipped - s0)
 
     async def handle(subject: str, data: bytes, headers: dict | None) -> None:
         tick = subjects.tick_of(subject)
+        ts = time.perf_counter()
         if await ctx.bus.get_last(subjects.tick_subject(tick, "plan")) is not None:
             return  # already done (a redelivery)
         try:
-            _, version, proposals = planning.decode_candidates(data)
+            decoded = await reader.candidates(tick)  # prefetched, or read now
         except Exception as exc:
             raise Undecodable(f"candidates: {exc}") from exc
+        _, version, proposals = decoded
         snapshot = await reader.snapshot(tick)
         beliefs, calibrator, _ = await reader.causal(tick)
         slices = job_slices([p.job_id for p in proposals], ctx.settings.eval_shard)
         items = [work_pb2.EvaluateWork(tick=tick, start=a, end=b).SerializeToString()
                  for a, b in slices]
+        t0 = time.perf_counter()
         answers = [work_pb2.EvaluatedSlice.FromString(a) for a in await share(
             ctx.bus, subjects.WORK_EVALUATE, items, work, ctx.settings.stage_deadline_s / 2)]
         ev = Evaluated.concat([from_slice(a, proposals) for a in answers])
+        t1 = time.perf_counter()
         plan = compose_stage(ev, snapshot, settings, ctx.catalog)
+        t2 = time.perf_counter()
         explanations = explain_choices(plan, ev, beliefs, calibrator, ctx.catalog,
                                        settings.use_beliefs)
         await ctx.bus.publish(subjects.tick_subject(tick, "plan"),
                               planning.encode_plan(tick, plan, explanations, version,
                                                    catalog=ctx.catalog),
                               msg_id=f"plan-{tick}")
+        t3 = time.perf_counter()
         hits, misses = sum(a.cache_hits for a in answers), sum(a.cache_misses for a in answers)
-        stats = {"tick": tick, "hits": hits, "misses": misses, "cache": cache.stats()}
+        skipped = sum(a.cache_skipped for a in answers)
+        stats = {"tick": tick, "hits": hits, "misses": misses, "skipped": skipped,
+                 "cache": cache.stats()}
         await ctx.bus.kv_put(subjects.KV_PLAN, KEY_CACHE_STATS, json.dumps(stats).encode())
         ctx.log.info("evaluated", tick=tick, candidates=len(proposals), slices=len(slices),
-                     cache_hits=hits, cache_misses=misses, solver=str(plan.solver),
+                     cache_hits=hits, cache_misses=misses, cache_skipped=skipped,
+                     evaluate_s=round(t1 - t0, 4), compose_s=round(t2 - t1, 4),
+                     before_s=round(t0 - ts, 4),
+                     after_s=round(t3 - t2, 4), solver=str(plan.solver),
                      status=plan.status)
 
+    async def prefetch(msg) -> None:
+        """Decode the tick's snapshot and causal state as they are published, while the
+        proposer works (on another core), so the candidates find them ready; and the
+        candidates themselves, so a replica that is not the tick's coordinator has them
+        ready when its first work item comes."""
+        try:
+            tick = subjects.tick_of(msg.subject)
+            stage = msg.subject.rsplit(".", 1)[1]
+            decode = {"snapshot": planning.decode_snapshot,
+                      "causal": planning.decode_causal_state,
+                      "candidates": planning.decode_candidates}[stage]
+            reader.put(tick, stage, decode(msg.data))
+        except Exception as exc:  # the handler reads it itself (and dead-letters it)
+            ctx.log.debug("prefetch_skipped", subject=msg.subject, error=repr(exc))
+
     sub = await serve_work(ctx.bus, subjects.WORK_EVALUATE, subjects.QUEUE_EVALUATOR, work)
+    prefetches = [await ctx.bus.nc.subscribe(subjects.tick_filter(stage), cb=prefetch)
+                  for stage in ("snapshot", "causal", "candidates")]
     handle_ = await ctx.bus.consume(subjects.STREAM_TICKS, "evaluator",
                                     subjects.tick_filter("candidates"), handle, service=NAME)
     await ctx.stopping.wait()
     await handle_.stop()
     await sub.unsubscribe()
+    for p in prefetches:
+        await p.unsubscribe()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from koi.cluster import ActionKind, ClusterSnapshot, PlanDecision
 from koi.errors import InvalidSpecError
 from koi.planner.tick import place_targets
 from koi.policies.koi import settings_for
-from koi.v1 import jobs_pb2
+from koi.v1 import jobs_pb2, plan_pb2
 from koi.wire import codec, planning
 from koi.wire.jobs import job_from_proto
 from services.runtime.app import ServiceContext, main
@@ -59,9 +59,9 @@ class Placer:
             return  # placed already (or degraded before the plan came)
         try:
             _, targets, notes = planning.decode_plan_targets(data)
-            mechs = {e.job_id: e.mechanism_ids
+            mechs = {e.job_id: (e.mechanism_ids, e.mechanisms)
                      for e in planning.explanations_from_proto(
-                         codec.decode(data, planning.plan_pb2.ClusterPlan))}
+                         codec.decode(data, plan_pb2.ClusterPlan))}
         except Exception as exc:
             raise Undecodable(f"plan: {exc}") from exc
         snapshot = await self.reader.snapshot(tick)
@@ -79,11 +79,12 @@ class Placer:
             kind, severity = EVENT_OF[a.kind]
             where = f" on {a.offering}" if a.offering else ""
             size = f" ×{a.replicas}" if a.replicas else ""
+            ids, lines = mechs.get(a.job_id, ((), ()))
+            because = f"; mechanisms: {' | '.join(lines)}" if lines else ""
             await self.ctx.event(kind=kind, severity=severity, tick=n, key=str(i),
                                  job_id=a.job_id, deployment_id=a.deployment_id,
-                                 mechanism_ids=tuple(mechs.get(a.job_id, ())),
-                                 scenario_time_s=snapshot.time_s,
-                                 message=f"{a.kind.value}{size}{where}: {a.reason}")
+                                 mechanism_ids=tuple(ids), scenario_time_s=snapshot.time_s,
+                                 message=f"{a.kind.value}{size}{where}: {a.reason}{because}")
 
     # --- the tick's deadline -------------------------------------------------------------
 

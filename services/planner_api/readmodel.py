@@ -258,14 +258,25 @@ class ReadModel:
     def on_causal(self, state: causal_pb2.CausalState,
                   beliefs: BeliefStore | None = None) -> None:
         """The causal state (an older version is ignored). ``beliefs`` is the decoded
-        belief store when the caller has it; else the message's ``belief_store`` blob."""
+        belief store when the caller has it; else the message's ``belief_store`` blob is
+        decoded when a what-if first needs it (not on every tick: it is the costliest
+        thing here, and most ticks nobody asks)."""
         msg = causal_pb2.CausalState()
         msg.CopyFrom(state)
-        store = beliefs if beliefs is not None else _belief_blob(msg)
         with self._lock:
             if self._causal is not None and msg.version < self._causal.version:
                 return
-            self._causal, self._beliefs = msg, store
+            self._causal, self._beliefs = msg, beliefs
+
+    def _belief_store(self) -> tuple[causal_pb2.CausalState | None, BeliefStore | None]:
+        with self._lock:
+            causal, beliefs = self._causal, self._beliefs
+        if causal is not None and beliefs is None:
+            beliefs = _belief_blob(causal)
+            with self._lock:
+                if self._causal is causal:
+                    self._beliefs = beliefs
+        return causal, beliefs
 
     def close_watches(self) -> None:
         """End every open watch (the server is stopping)."""
@@ -390,8 +401,7 @@ class ReadModel:
         """
         cfg, violations = decode_config(config, self.catalog)
         wl = self._workload(workload, job_id)
-        with self._lock:
-            causal, beliefs = self._causal, self._beliefs
+        causal, beliefs = self._belief_store()
         resp = plan_service_pb2.WhatIfResponse(
             causal_state_version=causal.version if causal is not None else 0)
         if cfg is not None:

@@ -10,6 +10,7 @@ Used by ``koi demo`` and the integration tests.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -24,6 +25,26 @@ import structlog
 from services.runtime.settings import SERVICES
 
 log = structlog.get_logger(__name__)
+
+
+def _die_with_parent_fn():
+    """A ``preexec_fn`` asking Linux to SIGTERM a child when the thread that started it
+    ends: the main thread, or the supervisor's watch thread, which lives exactly as long
+    as the supervisor. A killed supervisor thus takes its services with it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded before fork, on purpose
+    except OSError:
+        return None
+
+    def arm() -> None:
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    return arm
+
+
+_DIE_WITH_PARENT = _die_with_parent_fn()
 
 # the tick pipeline's order; planner-api is a read model beside it
 ALL = ("placer", "causal-store", "telemetry-ingest", "proposer", "evaluator", "planner-api",
@@ -56,7 +77,7 @@ class Supervisor:
         try:
             return subprocess.Popen([sys.executable, "-m", SERVICES[service]], env=env,
                                     stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, preexec_fn=_DIE_WITH_PARENT)
         finally:
             out.close()
 

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from koi import subjects
-from koi.wire import planning
+from koi.v1 import causal_pb2
+from koi.wire import codec, planning
 from services.runtime.bus import Bus
 
 
@@ -36,13 +37,13 @@ class TickReader:
             raise StageMissing(f"no {stage} for tick {tick} within {self.deadline_s:g} s")
         return data
 
-    async def _decoded(self, tick: int, stage: str, decode: Callable[[bytes], Any],
-                       wait: bool = True) -> Any:
-        key = (tick, stage)
+    async def _decoded(self, tick: int, name: str, decode: Callable[[bytes], Any],
+                       wait: bool = True, stage: str | None = None) -> Any:
+        key = (tick, name)
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        data = await self.raw(tick, stage, wait=wait)
+        data = await self.raw(tick, stage or name, wait=wait)
         if data is None:
             return None
         value = decode(data)
@@ -51,12 +52,26 @@ class TickReader:
             self._cache.popitem(last=False)
         return value
 
+    def put(self, tick: int, stage: str, value: Any) -> None:
+        """Hold an artefact this process decoded itself (its own work items hit it)."""
+        self._cache[(tick, stage)] = value
+        while len(self._cache) > self.keep:
+            self._cache.popitem(last=False)
+
     async def snapshot(self, tick: int, *, wait: bool = True):
         return await self._decoded(tick, "snapshot", planning.decode_snapshot, wait)
 
     async def causal(self, tick: int):
         """(beliefs, calibrator, tick) after learning tick ``tick``."""
         return await self._decoded(tick, "causal", planning.decode_causal_state)
+
+    async def mechanisms(self, tick: int):
+        """(belief version, active mechanisms) after learning tick ``tick``, read off the
+        message's readable list (no belief store to decode)."""
+        def view(data: bytes):
+            msg = codec.decode(data, causal_pb2.CausalState)
+            return msg.version, planning.mechanisms_from_proto(msg)
+        return await self._decoded(tick, "causal-mechanisms", view, stage="causal")
 
     async def candidates(self, tick: int):
         """(tick, causal version, proposals)."""

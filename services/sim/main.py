@@ -154,8 +154,11 @@ async def run(ctx: ServiceContext) -> None:
 
 
 async def _fetch_jobs(sub) -> list:
+    """The accepted jobs waiting for this tick (none: one round trip, no waiting)."""
     try:
-        return await sub.fetch(256, timeout=0.05)
+        if (await sub.consumer_info()).num_pending == 0:
+            return []
+        return await sub.fetch(256, timeout=1.0)
     except TimeoutError:
         return []
     except Exception as exc:  # nats raises its own TimeoutError subclass on no messages

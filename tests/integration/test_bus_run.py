@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
+import signal
+import time
 
+import grpc
 import nats
 import pytest
 
@@ -24,7 +28,7 @@ from koi.metrics import metrics_for
 from koi.policies import make_policy
 from koi.scenario import load_scenario
 from koi.sim.simulator import Simulator
-from koi.v1 import events_pb2, jobs_pb2
+from koi.v1 import events_pb2, jobs_pb2, plan_service_pb2, plan_service_pb2_grpc
 from koi.wire import planning
 from koi.wire.codec import encode_job
 from services.demo import reset
@@ -130,10 +134,31 @@ def test_bus_run_matches_in_process(nats_for_run, redis_url, tmp_path, replicas)
             assert value == pytest.approx(getattr(local_metrics, name), rel=1e-12, abs=1e-12), name
 
 
+def _grpc_addr(url: str) -> str:
+    async def go() -> str:
+        nc = await nats.connect(url)
+        kv = await nc.jetstream().key_value(subjects.KV_PLAN)
+        entry = await kv.get("planner-api")
+        await nc.close()
+        return entry.value.decode()
+    return asyncio.run(go())
+
+
 def test_submitted_job_is_acked_planned_and_counted(nats_for_run, redis_url, tmp_path):
-    acks = []
+    acks, answers = [], {}
 
     def at_tick(tick: int, sup) -> None:
+        if tick == 10 and not answers:  # the planner-api, over gRPC, mid-run
+            with grpc.insecure_channel(_grpc_addr(nats_for_run)) as channel:
+                stub = plan_service_pb2_grpc.PlanServiceStub(channel)
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    answers["plan"] = stub.GetPlan(plan_service_pb2.GetPlanRequest(), timeout=5)
+                    if answers["plan"].plan.tick >= 8:
+                        break
+                    time.sleep(0.2)
+                answers["job"] = stub.GetJob(
+                    plan_service_pb2.GetJobRequest(job_id="bus-submitted-chat"), timeout=5)
         if tick == 2 and not acks:
             job = _job()
             acks.append(jobs_pb2.JobAck.FromString(
@@ -149,6 +174,8 @@ def test_submitted_job_is_acked_planned_and_counted(nats_for_run, redis_url, tmp
     planned = [planning.decode_plan_targets(m.data)[1]
                for m in _stored(nats_for_run, subjects.STREAM_TICKS, subjects.tick_filter("plan"))]
     assert any(t.job_id == "bus-submitted-chat" for targets in planned for t in targets)
+    assert answers["plan"].plan.tick >= 8
+    assert answers["job"].job.spec.id == "bus-submitted-chat"
 
 
 def test_malformed_messages_go_to_the_dlq_and_services_carry_on(nats_for_run, redis_url,
@@ -197,3 +224,58 @@ def test_kill_9_any_service_mid_run(nats_for_run, redis_url, tmp_path, service):
     assert run.restarts[f"{service}-0"] >= 1, "the killed service was not restarted"
     assert run.summary.ticks == 15
     assert "bus-submitted-chat" in run.summary.submitted_jobs
+
+
+def _lease_holder(url: str) -> str:
+    async def go() -> str:
+        nc = await nats.connect(url)
+        kv = await nc.jetstream().key_value(subjects.KV_LEASES)
+        entry = await kv.get(subjects.KEY_PLACER_LEASE)
+        await nc.close()
+        return json.loads(entry.value)["holder"]
+    return asyncio.run(go())
+
+
+def test_standby_placer_takes_over_from_a_frozen_leader(nats_for_run, redis_url, tmp_path):
+    frozen = []
+
+    def at_tick(tick: int, sup) -> None:
+        if tick == 3 and not frozen:
+            holder = _lease_holder(nats_for_run)
+            leader = next(c for c in sup.children
+                          if c.service == "placer" and f"-{c.proc.pid}-" in holder)
+            leader.proc.send_signal(signal.SIGSTOP)  # alive but silent: not restarted
+            frozen.append(leader)
+
+    try:
+        run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, HORIZON_S, redis_url,
+                     replicas={"placer": 2}).run(at_tick)
+    finally:
+        for c in frozen:
+            c.proc.send_signal(signal.SIGCONT)
+    assert frozen and run.summary.ticks == 15
+    standby = 1 - frozen[0].replica
+    log = (tmp_path / "logs" / f"placer-{standby}.log").read_text()
+    assert "placer_leading" in log
+
+
+def test_a_stage_past_its_deadline_degrades_the_tick_and_the_run_goes_on(
+        nats_for_run, redis_url, tmp_path):
+    paused = []
+
+    def at_tick(tick: int, sup) -> None:
+        if tick == 4 and not paused:
+            ev = sup.child("evaluator")
+            ev.proc.send_signal(signal.SIGSTOP)
+            paused.append(ev)
+            time.sleep(8.0)  # past the 3 s deadline: the placer keeps the last good plan
+            ev.proc.send_signal(signal.SIGCONT)
+
+    run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, HORIZON_S, redis_url,
+                 extra_env={"KOI_STAGE_DEADLINE_S": "3"}).run(at_tick)
+    assert run.summary.ticks == 15
+    degraded = [n for n, d in run.decisions.items() if "degraded" in d.notes]
+    assert degraded, "no tick was degraded"
+    events = [events_pb2.OperatorEvent.FromString(m.data) for m in
+              _stored(nats_for_run, subjects.STREAM_EVENTS, "koi.events.*.degraded_tick")]
+    assert any("last good plan" in e.message for e in events)

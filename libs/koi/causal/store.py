@@ -163,7 +163,7 @@ class BeliefStore:
 
     def to_bytes(self) -> bytes:
         return zlib.compress(json.dumps(_encode(self), sort_keys=True,
-                                        separators=(",", ":")).encode(), 9)
+                                        separators=(",", ":")).encode(), 1)
 
     @staticmethod
     def from_bytes(data: bytes) -> BeliefStore:

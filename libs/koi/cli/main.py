@@ -144,6 +144,50 @@ def bench_accuracy(
     accuracy_tables(console, markdown=markdown, rows=rows)
 
 
+@bench_app.command("bus")
+def bench_bus(
+    scenario: Annotated[str, Opt(help="Scenario.")] = "hetero-3h",
+    seed: Annotated[int, Opt(help="Seed.")] = 1,
+    horizon_s: Annotated[float | None, Opt(help="Cut the scenario to this many seconds.")
+                         ] = None,
+    runs: Annotated[int, Opt(help="Runs of each (medians are reported).")] = 3,
+    evaluators: Annotated[str, Opt(help="Evaluator replica counts to compare for the "
+                                        "evaluate stage; '' skips it.")] = "",
+    eval_scenario: Annotated[str, Opt(help="Scenario of the scale-out comparison.")
+                             ] = "hetero-12h",
+    eval_horizon_s: Annotated[float | None, Opt(help="Its horizon cut.")] = 7200.0,
+    replicas: Annotated[str, Opt(help="Replicas in the overhead runs, e.g. "
+                                      "proposer=2,evaluator=2 (default one of each).")] = "",
+) -> None:
+    """The bus's overhead against the in-process run (medians of --runs), and the
+    evaluate stage with 1 vs more evaluator replicas."""
+    import statistics
+
+    from services.bench import overhead, parse_replicas, scale_out
+
+    if runs > 0:
+        r = overhead(scenario, seed, horizon_s, runs, progress=console.print,
+                     replicas=parse_replicas(replicas))
+        console.print(f"{r.scenario} seed {r.seed}, {r.horizon_s:.0f} s: in-process median "
+                      f"{statistics.median(r.in_process_s):.1f} s {list(map(_s, r.in_process_s))}"
+                      f", bus median {statistics.median(r.bus_s):.1f} s "
+                      f"{list(map(_s, r.bus_s))}; ratio {r.ratio:.2f}×; metrics "
+                      f"{'identical' if r.same_metrics else 'DIFFER'}; replicas "
+                      f"{dict(r.replicas) or 'one of each'}")
+    counts = tuple(int(x) for x in evaluators.split(",") if x.strip())
+    if counts:
+        s = scale_out(eval_scenario, seed, eval_horizon_s, counts, progress=console.print)
+        for n, per in s.evaluate_s.items():
+            console.print(f"{s.scenario} ({s.horizon_s:.0f} s): {n} evaluator(s): evaluate "
+                          f"stage median {statistics.median(per) * 1e3:.0f} ms, mean "
+                          f"{statistics.fmean(per) * 1e3:.0f} ms over {len(per)} ticks; "
+                          f"run {s.wall_s[n]:.0f} s")
+
+
+def _s(x: float) -> str:
+    return f"{x:.1f}"
+
+
 @bench_app.command("learning")
 def bench_learning(
     scenario: Annotated[str, Opt(help="Scenario name or YAML file.")] = "hetero-3h",

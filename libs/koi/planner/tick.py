@@ -29,7 +29,7 @@ import numpy as np
 from koi.calibrate import DroCalibrator
 from koi.catalog import Catalog
 from koi.causal.observe import OutcomeObservation, log_residuals, observation_from_telemetry
-from koi.causal.scope import scope_of
+from koi.causal.scope import Scope, scope_of
 from koi.causal.store import BeliefStore
 from koi.cluster import (
     ClusterSnapshot,
@@ -112,7 +112,7 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     stage["learn"] = time.perf_counter() - t0
 
     t = time.perf_counter()
-    proposals = propose_stage(snapshot, beliefs, settings, catalog)
+    proposals = propose_stage(snapshot, active_mechanisms(beliefs), settings, catalog)
     stage["propose"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -176,12 +176,13 @@ def active_jobs(snapshot: ClusterSnapshot) -> list[JobStatus]:
             and j.spec.submit_s <= snapshot.time_s]
 
 
-def propose_stage(snapshot: ClusterSnapshot, beliefs: BeliefStore, settings: KoiSettings,
-                  catalog: Catalog, jobs: Sequence[JobStatus] | None = None
-                  ) -> list[Proposal]:
-    """Candidates for ``jobs`` (default: every active job), in job order."""
+def propose_stage(snapshot: ClusterSnapshot, mechanisms: Sequence[ActiveMechanism],
+                  settings: KoiSettings, catalog: Catalog,
+                  jobs: Sequence[JobStatus] | None = None) -> list[Proposal]:
+    """Candidates for ``jobs`` (default: every active job), in job order, guided by the
+    playbook's active mechanisms."""
     todo = active_jobs(snapshot) if jobs is None else jobs
-    return _propose_all(snapshot, todo, beliefs, settings, catalog)
+    return _propose_all(snapshot, todo, mechanisms, settings, catalog)
 
 
 def evaluate_stage(proposals: Sequence[Proposal], snapshot: ClusterSnapshot,
@@ -289,11 +290,12 @@ def learn_from(observations: Sequence[OutcomeObservation], beliefs: BeliefStore,
 
 # --- propose / evaluate -----------------------------------------------------------------
 
-def _propose_all(snapshot: ClusterSnapshot, jobs: Sequence, beliefs: BeliefStore,
-                 settings: KoiSettings, catalog: Catalog) -> list:
+def _propose_all(snapshot: ClusterSnapshot, jobs: Sequence,
+                 mechanisms: Sequence[ActiveMechanism], settings: KoiSettings,
+                 catalog: Catalog) -> list:
     accels = sorted({catalog.offering(c.offering).accelerator for c in snapshot.capacity
                      if c.total_gpus > 0})
-    mech_hints = _mechanism_hints(beliefs) if settings.use_beliefs else []
+    mech_hints = _mechanism_hints(mechanisms) if settings.use_beliefs else []
     out = []
     for job in jobs:
         live = [d for d in snapshot.deployments_of(job.id)
@@ -305,14 +307,30 @@ def _propose_all(snapshot: ClusterSnapshot, jobs: Sequence, beliefs: BeliefStore
     return out
 
 
-def _mechanism_hints(beliefs: BeliefStore) -> list[MechanismHint]:
+@dataclass(frozen=True, slots=True)
+class ActiveMechanism:
+    """What the proposer needs of an active mechanism (its id, scope, effect and the
+    operator line); the proposer service reads these off the causal state's message."""
+
+    id: str
+    scope: Scope
+    effect: float
+    line: str
+
+
+def active_mechanisms(beliefs: BeliefStore) -> tuple[ActiveMechanism, ...]:
+    return tuple(ActiveMechanism(m.id, m.scope, m.effect, m.line())
+                 for m in beliefs.active_mechanisms())
+
+
+def _mechanism_hints(mechanisms: Sequence[ActiveMechanism]) -> list[MechanismHint]:
     hints = []
-    for m in beliefs.active_mechanisms():
+    for m in mechanisms:
         tp = int(m.scope.parallelism[2:]) if m.scope.parallelism[:2] == "tp" \
             and m.scope.parallelism[2:].isdigit() else 0
         hints.append(MechanismHint(id=m.id, accelerator=m.scope.accelerator,
                                    engine=m.scope.engine, tp=tp, effect=m.effect,
-                                   text=m.line()))
+                                   text=m.line))
     return hints
 
 

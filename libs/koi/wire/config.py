@@ -39,8 +39,27 @@ REQUIRED_IDS = ("model", "accelerator", "engine")
 _PROTO_FIELDS = config_pb2.DeploymentConfig.DESCRIPTOR.fields_by_name
 
 
+# The planner sends the same few thousand configurations tick after tick: both directions
+# are memoised (configs are frozen; a decoded one is keyed by its bytes and the catalog it
+# was checked against, so a hit is exactly what decoding again would return).
+_CACHE_MAX = 50_000
+_ENCODED: dict[DeploymentConfig, bytes] = {}
+_DECODED: dict[tuple[bytes, int, bool], tuple[Catalog | None, DeploymentConfig]] = {}
+
+
 def config_to_proto(cfg: DeploymentConfig) -> config_pb2.DeploymentConfig:
     """Every knob of ``cfg``, set explicitly (so other languages see the values)."""
+    data = _ENCODED.get(cfg)
+    if data is not None:
+        return config_pb2.DeploymentConfig.FromString(data)
+    msg = _config_to_proto(cfg)
+    if len(_ENCODED) >= _CACHE_MAX:
+        _ENCODED.clear()
+    _ENCODED[cfg] = msg.SerializeToString(deterministic=True)
+    return msg
+
+
+def _config_to_proto(cfg: DeploymentConfig) -> config_pb2.DeploymentConfig:
     msg = config_pb2.DeploymentConfig()
     for f in fields(DeploymentConfig):
         value = getattr(cfg, f.name)
@@ -55,6 +74,19 @@ def config_to_proto(cfg: DeploymentConfig) -> config_pb2.DeploymentConfig:
 def config_from_proto(msg: config_pb2.DeploymentConfig, *, catalog: Catalog | None = None,
                       strict: bool = False) -> DeploymentConfig:
     """Decode and check a config; ``strict`` also runs ``koi.space.check``."""
+    key = (msg.SerializeToString(deterministic=True), id(catalog), strict)
+    hit = _DECODED.get(key)
+    if hit is not None and hit[0] is catalog:
+        return hit[1]
+    cfg = _config_from_proto(msg, catalog=catalog, strict=strict)
+    if len(_DECODED) >= _CACHE_MAX:
+        _DECODED.clear()
+    _DECODED[key] = (catalog, cfg)
+    return cfg
+
+
+def _config_from_proto(msg: config_pb2.DeploymentConfig, *, catalog: Catalog | None,
+                       strict: bool) -> DeploymentConfig:
     kwargs: dict[str, Any] = {}
     for f in fields(DeploymentConfig):
         name = f.name

@@ -52,6 +52,7 @@ from koi.errors import InvalidConfigError, InvalidSpecError, KoiError
 from koi.planner.explain import Explanation
 from koi.planner.place import Target
 from koi.planner.propose import Proposal
+from koi.planner.tick import ActiveMechanism
 from koi.space import DeploymentConfig
 from koi.v1 import bus_pb2, causal_pb2, cluster_pb2, common_pb2, events_pb2, plan_pb2
 from koi.wire._enums import EnumCodec
@@ -288,10 +289,17 @@ def proposal_from_proto(msg: plan_pb2.Candidate, path: str = "", *,
 
 def candidates_to_proto(tick: int, causal_version: int,
                         proposals: Sequence[Proposal]) -> bus_pb2.CandidateBatch:
-    """The CandidateBatch message; candidate ids are positions in the batch."""
-    return bus_pb2.CandidateBatch(
-        tick=tick, causal_state_version=causal_version,
-        candidates=[proposal_to_proto(p, str(i)) for i, p in enumerate(proposals)])
+    """The CandidateBatch message; a candidate's id is ``<job id>#<n>``, its position
+    among its job's candidates (unique in a tick: a job's candidates come from one
+    proposer work item, so items' batches can be joined by concatenating bytes)."""
+    seen: dict[str, int] = {}
+    out = []
+    for p in proposals:
+        n = seen.get(p.job_id, 0)
+        seen[p.job_id] = n + 1
+        out.append(proposal_to_proto(p, f"{p.job_id}#{n}"))
+    return bus_pb2.CandidateBatch(tick=tick, causal_state_version=causal_version,
+                                  candidates=out)
 
 
 def encode_candidates(tick: int, causal_version: int, proposals: Sequence[Proposal]) -> bytes:
@@ -514,19 +522,24 @@ def _cliff_to_proto(c: ThresholdBelief, beliefs: BeliefStore) -> causal_pb2.Beli
 
 
 def causal_state_to_proto(beliefs: BeliefStore, calibrator: DroCalibrator, tick: int, *,
-                          target_coverage: float | None = None) -> causal_pb2.CausalState:
+                          target_coverage: float | None = None,
+                          readable_beliefs: bool = True) -> causal_pb2.CausalState:
     """The whole causal state: both stores as bytes, and readable lists beside them.
-    ``target_coverage`` defaults to the calibrator's own."""
+    ``target_coverage`` defaults to the calibrator's own. ``readable_beliefs=False``
+    leaves out the (long, costly) readable belief list — the tick's message does: its
+    readers decode the store, and a reader that lists beliefs builds them from it."""
     msg = causal_pb2.CausalState(version=beliefs.version, tick=tick,
                                  belief_store=beliefs.to_bytes(),
                                  calibrator=calibrator.to_bytes())
     for (edge, scope), b in sorted(beliefs.beliefs.items(), key=lambda kv: (kv[0][0],
                                                                             kv[0][1].key())):
+        if not readable_beliefs:
+            break
         msg.beliefs.add(edge=common_pb2.Edge(cause=edge[0], effect=edge[1]),
                         scope=scope_to_proto(scope), kind=causal_pb2.EFFECT_KIND_LOG_MULTIPLIER,
                         posterior_mean=b.mean, posterior_variance=1.0 / b.precision,
                         support=b.support, last_confirmed_tick=b.last_confirmed)
-    for scope in sorted(beliefs.cliffs, key=Scope.key):
+    for scope in sorted(beliefs.cliffs, key=Scope.key) if readable_beliefs else ():
         msg.beliefs.append(_cliff_to_proto(beliefs.cliffs[scope], beliefs))
     for _, m in sorted(beliefs.mechanisms.items()):
         msg.mechanisms.add(id=m.id, scope=scope_to_proto(m.scope),
@@ -544,9 +557,22 @@ def causal_state_to_proto(beliefs: BeliefStore, calibrator: DroCalibrator, tick:
 
 
 def encode_causal_state(beliefs: BeliefStore, calibrator: DroCalibrator, tick: int, *,
-                        target_coverage: float | None = None) -> bytes:
+                        target_coverage: float | None = None,
+                        readable_beliefs: bool = True) -> bytes:
     return encode(causal_state_to_proto(beliefs, calibrator, tick,
-                                        target_coverage=target_coverage))
+                                        target_coverage=target_coverage,
+                                        readable_beliefs=readable_beliefs))
+
+
+def mechanisms_from_proto(msg: causal_pb2.CausalState) -> tuple[ActiveMechanism, ...]:
+    """The active mechanisms as the proposer uses them (``koi.planner.tick.ActiveMechanism``),
+    read from the readable list alone: the proposer needs no belief store."""
+    out = []
+    for m in msg.mechanisms:
+        if m.active:
+            out.append(ActiveMechanism(id=m.id, scope=scope_from_proto(m.scope),
+                                       effect=m.effect_size, line=m.summary))
+    return tuple(sorted(out, key=lambda a: a.id))
 
 
 def causal_state_from_proto(msg: causal_pb2.CausalState
