@@ -1,8 +1,9 @@
 """sim: the simulated fleet behind the bus (the placer's backend in a test or demo).
 
 Each tick ``n`` it publishes ``koi.tick.<n>.snapshot`` and the telemetry of the tick it
-just simulated on ``koi.telemetry.<n>``, then waits for ``koi.tick.<n>.actions``,
-applies them and advances. Jobs accepted on ``koi.jobs.accepted.>`` join at the next
+just simulated on ``koi.telemetry.<n>``, announces the scenario's jobs that arrived on
+``koi.jobs.accepted.<id>``, then waits for ``koi.tick.<n>.actions``, applies them and
+advances. Jobs accepted on ``koi.jobs.accepted.>`` join at the next
 tick boundary; their messages are acked only once a published snapshot holds them.
 
 Restart-safe by replay: the simulator is deterministic given its seed, the actions and
@@ -114,6 +115,7 @@ async def run(ctx: ServiceContext) -> None:
         stream=subjects.STREAM_JOBS)
     submitted = [js.spec.id for js in sim.jobs.values()
                  if js.spec.id not in {j.id for j in sim.scenario.jobs}]
+    announced: set[str] = set()
     t0 = time.perf_counter()
     wait_s = 2 * ctx.settings.stage_deadline_s  # the placer degrades well before this
     while not sim.done and not ctx.stopping.is_set():
@@ -132,6 +134,7 @@ async def run(ctx: ServiceContext) -> None:
                               planning.encode_telemetry(n, telemetry), msg_id=f"telemetry-{n}")
         for msg in pending:  # the effect (a published snapshot holding the job) is done
             await msg.ack()
+        await _announce_arrivals(ctx, snap, announced)
         await ctx.bus.nc.publish(subjects.SIM_STATUS, _status(sim, ticks))
         raw = await ctx.bus.wait_for(subjects.tick_subject(n, "actions"), wait_s)
         if raw is None:
@@ -151,6 +154,17 @@ async def run(ctx: ServiceContext) -> None:
         await ctx.bus.kv_put(subjects.KV_SIM, KEY_SUMMARY, done.SerializeToString())
         ctx.log.info("run_done", ticks=sim.tick, score=done.metrics.get("overall_score"))
         await ctx.stopping.wait()
+
+
+async def _announce_arrivals(ctx: ServiceContext, snap, announced: set[str]) -> None:
+    """The scenario's own jobs, as they arrive, on ``koi.jobs.accepted.<id>`` beside the
+    submitted ones: the jobs stream is the whole record, and a submission reusing an
+    arrived scenario job's id is refused. (The sim's consumer skips ids it knows.)"""
+    for status in snap.jobs:
+        if status.id not in announced:
+            announced.add(status.id)
+            await ctx.bus.publish(subjects.job_accepted_subject(status.id),
+                                  codec.encode_job(status.spec), msg_id=f"job-{status.id}")
 
 
 async def _fetch_jobs(sub) -> list:
