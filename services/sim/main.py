@@ -94,12 +94,19 @@ def summary(sim: Simulator, wall_s: float, submitted: list[str], ctx: ServiceCon
     return out
 
 
+# what the world did (the sim's own records) → operator event kind and severity; the
+# placer reports what it asked for (launch, swap, …), the sim what happened to it
+WORLD_EVENTS = {"preemption": ("preemption", "warning"), "stockout": ("preemption", "warning"),
+                "admit": ("admission", "info")}
+
+
 async def _events(ctx: ServiceContext, sim: Simulator, seen: int) -> int:
-    """Preemptions and stock-outs the world did this tick, as operator events."""
+    """Preemptions, stock-outs and admissions (a job's first deployment) this tick."""
     events = sim.fleet.events
     for i, e in enumerate(events[seen:], start=seen):
-        if e.kind in ("preemption", "stockout"):
-            await ctx.event(kind="preemption", severity="warning", tick=e.tick,
+        if e.kind in WORLD_EVENTS:
+            kind, severity = WORLD_EVENTS[e.kind]
+            await ctx.event(kind=kind, severity=severity, tick=e.tick,
                             key=str(i), job_id=e.job_id, deployment_id=e.deployment_id,
                             message=f"{e.kind}: {e.detail}", scenario_time_s=e.time_s)
     return len(events)
