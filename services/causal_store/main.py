@@ -86,14 +86,22 @@ async def run(ctx: ServiceContext) -> None:
 
 async def _mechanism_events(ctx: ServiceContext, before: dict, beliefs: BeliefStore,
                             tick: int) -> None:
-    for mid, m in sorted(beliefs.mechanisms.items()):
-        old = before.get(mid)
-        if old is None and m.active:
+    changed = [(m, before.get(mid)) for mid, m in sorted(beliefs.mechanisms.items())
+               if (before.get(mid) is None and m.active)
+               or (before.get(mid) is not None and before[mid].active and not m.active)]
+    if not changed:
+        return
+    raw = await ctx.bus.get_last(subjects.tick_subject(tick, "snapshot"))
+    at = planning.decode_snapshot(raw).time_s if raw is not None else 0.0
+    for m, old in changed:
+        if old is None:
             await ctx.event(kind="mechanism_discovered", severity="info", tick=tick,
-                            key=m.id, message=m.line(), mechanism_ids=(m.id,))
-        elif old is not None and old.active and not m.active:
+                            key=m.id, message=m.line(), mechanism_ids=(m.id,),
+                            scenario_time_s=at)
+        else:
             await ctx.event(kind="mechanism_retired", severity="info", tick=tick, key=m.id,
-                            message=f"retired: {m.line()}", mechanism_ids=(m.id,))
+                            message=f"retired: {m.line()}", mechanism_ids=(m.id,),
+                            scenario_time_s=at)
 
 
 if __name__ == "__main__":
