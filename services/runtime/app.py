@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from koi import subjects
 from koi.catalog import Catalog, load_catalog
 from koi.wire.planning import make_event
 from services.runtime.bus import Bus, connect
@@ -53,6 +54,11 @@ class ServiceContext:
 Body = Callable[[ServiceContext], Awaitable[None]]
 
 
+def ready_key(service: str) -> str:
+    """The ``koi_sim`` key a service writes once it is connected and running."""
+    return f"ready.{service}"
+
+
 async def run_service(name: str, body: Body, settings: ServiceSettings | None = None) -> None:
     settings = settings or ServiceSettings.from_env()
     configure_logging(name, settings.log_level, settings.log_format)
@@ -67,6 +73,8 @@ async def run_service(name: str, body: Body, settings: ServiceSettings | None = 
             loop.add_signal_handler(sig, ctx.stopping.set)
     log.info("service_started", nats=settings.nats_url)
     task = asyncio.create_task(body(ctx))
+    await asyncio.sleep(0)  # let the body subscribe before saying we are ready
+    await bus.kv_put(subjects.KV_SIM, ready_key(name), str(settings.replica).encode())
     stop = asyncio.create_task(ctx.stopping.wait())
     try:
         done, _ = await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)

@@ -15,6 +15,7 @@ carries on where the last one stopped. At the horizon it stores the run's metric
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 
@@ -27,7 +28,7 @@ from koi.sim.simulator import Simulator
 from koi.v1 import bus_pb2, jobs_pb2, work_pb2
 from koi.wire import codec, planning
 from koi.wire.jobs import job_from_proto
-from services.runtime.app import ServiceContext, main
+from services.runtime.app import ServiceContext, main, ready_key
 
 NAME = "sim"
 KEY_SUMMARY = "summary"
@@ -112,10 +113,45 @@ async def _events(ctx: ServiceContext, sim: Simulator, seen: int) -> int:
     return len(events)
 
 
+PIPELINE = ("telemetry-ingest", "causal-store", "proposer", "evaluator", "placer")
+KEY_RUN = "run"
+
+
+async def claim_run(ctx: ServiceContext, sim: Simulator) -> None:
+    """Record which run this bus holds; refuse to carry on someone else's."""
+    s = ctx.settings
+    me = f"{sim.scenario.name} seed={s.seed} horizon={sim.scenario.horizon_s:g} " \
+         f"fraction={sim.fraction:g}"
+    got = await ctx.bus.kv_get(subjects.KV_SIM, KEY_RUN)
+    if got is None:
+        await ctx.bus.kv_put(subjects.KV_SIM, KEY_RUN, me.encode())
+    elif got[0].decode() != me:
+        raise SystemExit(f"this NATS holds another run ({got[0].decode()}), not {me}: "
+                         "start on a fresh JetStream, or delete Koi's streams and buckets "
+                         "(`koi demo` does on an external NATS)")
+
+
+async def wait_ready(ctx: ServiceContext) -> None:
+    """Before the first tick: wait (up to a stage deadline) until every pipeline service
+    has said it runs, so a short deadline does not degrade tick 0 while they start."""
+    deadline = time.monotonic() + ctx.settings.stage_deadline_s
+    missing = list(PIPELINE)
+    while missing and time.monotonic() < deadline and not ctx.stopping.is_set():
+        missing = [m for m in missing
+                   if await ctx.bus.kv_get(subjects.KV_SIM, ready_key(m)) is None]
+        if missing:
+            await asyncio.sleep(0.1)
+    if missing:
+        ctx.log.warning("starting_without", services=missing)
+
+
 async def run(ctx: ServiceContext) -> None:
     sim = build_simulator(ctx)
+    await claim_run(ctx, sim)
     ticks = max(1, int(-(-sim.scenario.horizon_s // sim.scenario.tick_s)))
     telemetry = await replay(ctx, sim)
+    if sim.tick == 0:
+        await wait_ready(ctx)
     seen_events = len(sim.fleet.events)
     jobs_sub = await ctx.bus.js.pull_subscribe(
         f"{subjects.JOBS_ACCEPTED_PREFIX}.>", durable=JOBS_DURABLE,

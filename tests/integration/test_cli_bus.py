@@ -85,3 +85,19 @@ def test_parse_since():
 def test_serve_unknown_service_names_the_known_ones():
     with pytest.raises(SystemExit, match="known: sim"):
         cli.serve("nope")
+
+
+@pytest.mark.asyncio
+async def test_the_sim_refuses_to_carry_on_another_run(bus: Bus):
+    from types import SimpleNamespace as NS
+
+    from services.sim.main import claim_run
+
+    def ctx(seed: int):
+        return NS(settings=NS(seed=seed), bus=bus)
+
+    sim = NS(scenario=NS(name="hetero-3h", horizon_s=900.0), fraction=0.5)
+    await claim_run(ctx(1), sim)
+    await claim_run(ctx(1), sim)  # the same run again (a restart): fine
+    with pytest.raises(SystemExit, match="holds another run"):
+        await claim_run(ctx(2), sim)
