@@ -41,6 +41,24 @@ def conformal_radius(abs_residuals: Iterable[float], coverage: float,
     return a[k - 1]
 
 
+def widen(prediction: Prediction, radii: Mapping[str, float]) -> Prediction:
+    """The worst case inside ``radii`` (log-space radius by outcome): latencies × e^r,
+    throughput × e^−r, cost per token × e^r; a p95 without its own radius takes its
+    mean's. The one rule for robust outcomes (the planner-api's what-if uses it too)."""
+    def up(name: str, fallback: str = "") -> float:
+        return math.exp(radii.get(name, radii.get(fallback, 0.0)))
+
+    t, t95, p, p95 = up("ttft"), up("ttft_p95", "ttft"), up("tpot"), up("tpot_p95", "tpot")
+    x = up("throughput")
+    return replace(
+        prediction, ttft_ms=prediction.ttft_ms * t, ttft_p50_ms=prediction.ttft_p50_ms * t,
+        ttft_p95_ms=prediction.ttft_p95_ms * t95, tpot_ms=prediction.tpot_ms * p,
+        tpot_p50_ms=prediction.tpot_p50_ms * p, tpot_p95_ms=prediction.tpot_p95_ms * p95,
+        output_throughput_tok_s=prediction.output_throughput_tok_s / x,
+        total_throughput_tok_s=prediction.total_throughput_tok_s / x,
+        cost_per_mtok_usd=prediction.cost_per_mtok_usd * x)
+
+
 @dataclass(frozen=True, slots=True)
 class DroCalibrator:
     """Per-outcome residual windows, coverage records and the radius they give."""
@@ -104,17 +122,7 @@ class DroCalibrator:
 
     def robust_prediction(self, prediction: Prediction) -> Prediction:
         """``prediction`` (already belief-corrected) at its worst case inside the radii."""
-        up = {o: math.exp(self.radius(o)) for o in self.outcomes}
-        t, t95 = up.get("ttft", 1.0), up.get("ttft_p95", up.get("ttft", 1.0))
-        p, p95 = up.get("tpot", 1.0), up.get("tpot_p95", up.get("tpot", 1.0))
-        x = up.get("throughput", 1.0)
-        return replace(
-            prediction, ttft_ms=prediction.ttft_ms * t, ttft_p50_ms=prediction.ttft_p50_ms * t,
-            ttft_p95_ms=prediction.ttft_p95_ms * t95, tpot_ms=prediction.tpot_ms * p,
-            tpot_p50_ms=prediction.tpot_p50_ms * p, tpot_p95_ms=prediction.tpot_p95_ms * p95,
-            output_throughput_tok_s=prediction.output_throughput_tok_s / x,
-            total_throughput_tok_s=prediction.total_throughput_tok_s / x,
-            cost_per_mtok_usd=prediction.cost_per_mtok_usd * x)
+        return widen(prediction, {o: self.radius(o) for o in self.outcomes})
 
     def _known(self, outcome: str) -> None:
         if outcome not in self.outcomes:

@@ -20,10 +20,11 @@ import math
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import structlog
 
+from koi.calibrate import widen
 from koi.catalog import Catalog, load_catalog
 from koi.causal.scope import scope_of
 from koi.causal.store import BeliefStore, apply_correction
@@ -500,21 +501,8 @@ def dro_radii(state: causal_pb2.CausalState) -> dict[str, float]:
 
 
 def robust_prediction(pred: Prediction, radii: dict[str, float]) -> Prediction:
-    """The worst case inside ``radii``: latencies × e^r, throughput × e^−r, cost × e^r
-    (``koi.calibrate.DroCalibrator.robust_prediction``'s rule; p95s fall back to the
-    mean's radius)."""
-    def up(name: str, fallback: str = "") -> float:
-        return math.exp(radii.get(name, radii.get(fallback, 0.0)))
-
-    t, t95, p, p95 = up("ttft"), up("ttft_p95", "ttft"), up("tpot"), up("tpot_p95", "tpot")
-    x = up("throughput")
-    return replace(
-        pred, ttft_ms=pred.ttft_ms * t, ttft_p50_ms=pred.ttft_p50_ms * t,
-        ttft_p95_ms=pred.ttft_p95_ms * t95, tpot_ms=pred.tpot_ms * p,
-        tpot_p50_ms=pred.tpot_p50_ms * p, tpot_p95_ms=pred.tpot_p95_ms * p95,
-        output_throughput_tok_s=pred.output_throughput_tok_s / x,
-        total_throughput_tok_s=pred.total_throughput_tok_s / x,
-        cost_per_mtok_usd=pred.cost_per_mtok_usd * x)
+    """The worst case inside ``radii`` (``koi.calibrate.widen``, the planner's rule)."""
+    return widen(pred, radii)
 
 
 def scope_covers(scope: common_pb2.Scope, cfg: DeploymentConfig, catalog: Catalog) -> bool:
