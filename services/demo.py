@@ -24,6 +24,7 @@ from rich.table import Table
 from koi import subjects
 from koi.v1 import bus_pb2, events_pb2, work_pb2
 from koi.wire.planning import event_line
+from services.runtime.bus import delete_koi_state
 from services.runtime.embedded import start_nats, start_valkey
 from services.runtime.launcher import Supervisor
 from services.runtime.settings import env
@@ -36,17 +37,6 @@ SCORE_ROWS = (("overall_score", "overall score (0–100)", "{:.1f}"),
               ("admit_batch_pct", "admit batch %", "{:.1f}"),
               ("batch_progress_pct", "batch progress %", "{:.1f}"),
               ("cost_per_token_usd", "$/token", "{:.3e}"), ("spend_usd", "spend $", "{:,.0f}"))
-
-
-async def reset(nc) -> None:
-    """Delete Koi's streams and buckets: a demo on an external NATS starts clean."""
-    js = nc.jetstream()
-    for name in subjects.STREAMS:
-        with contextlib.suppress(Exception):
-            await js.delete_stream(name)
-    for bucket in subjects.KV_BUCKETS:
-        with contextlib.suppress(Exception):
-            await js.delete_key_value(bucket)
 
 
 def _progress(status: bus_pb2.SimStatus | None, events: deque, started: float) -> Group:
@@ -164,5 +154,5 @@ async def _reset_url(url: str) -> None:
     import nats
 
     nc = await nats.connect(url, connect_timeout=5)
-    await reset(nc)
+    await delete_koi_state(nc.jetstream())
     await nc.close()

@@ -58,10 +58,10 @@ class Placer:
         if await self.ctx.bus.get_last(subjects.tick_subject(tick, "actions")) is not None:
             return  # placed already (or degraded before the plan came)
         try:
-            _, targets, notes = planning.decode_plan_targets(data)
+            msg = codec.decode(data, plan_pb2.ClusterPlan)
+            _, targets, notes = planning.plan_targets_from_proto(msg)
             mechs = {e.job_id: (e.mechanism_ids, e.mechanisms)
-                     for e in planning.explanations_from_proto(
-                         codec.decode(data, plan_pb2.ClusterPlan))}
+                     for e in planning.explanations_from_proto(msg)}
         except Exception as exc:
             raise Undecodable(f"plan: {exc}") from exc
         snapshot = await self.reader.snapshot(tick)

@@ -422,7 +422,7 @@ class ReadModel:
         radii = dro_radii(causal) if causal is not None else {}
         resp.valid = True
         resp.predicted.CopyFrom(prediction_to_proto(pred))
-        resp.robust.CopyFrom(prediction_to_proto(robust_prediction(corrected, radii)).outcomes)
+        resp.robust.CopyFrom(prediction_to_proto(widen(corrected, radii)).outcomes)
         if causal is not None:
             resp.mechanism_ids.extend(m.id for m in causal.mechanisms
                                       if m.active and scope_covers(m.scope, cfg, self.catalog))
@@ -498,11 +498,6 @@ def dro_radii(state: causal_pb2.CausalState) -> dict[str, float]:
             name = RADIUS_ALIASES.get(c.outcome, c.outcome)
             radii[name] = max(radii.get(name, 0.0), c.dro_radius)
     return radii
-
-
-def robust_prediction(pred: Prediction, radii: dict[str, float]) -> Prediction:
-    """The worst case inside ``radii`` (``koi.calibrate.widen``, the planner's rule)."""
-    return widen(pred, radii)
 
 
 def scope_covers(scope: common_pb2.Scope, cfg: DeploymentConfig, catalog: Catalog) -> bool:

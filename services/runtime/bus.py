@@ -97,6 +97,17 @@ def _server(nc: Client) -> str:
     return f"{url.scheme}://{url.netloc}" if url is not None else ""
 
 
+async def delete_koi_state(js: JetStreamContext) -> None:
+    """Delete every Koi stream and KV bucket (what is absent is skipped): a fresh start on
+    a NATS that held an earlier run. ``Bus.ensure_streams``/``ensure_kv`` recreate them."""
+    for name in subjects.STREAMS:
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(name)
+    for bucket in subjects.KV_BUCKETS:
+        with contextlib.suppress(NotFoundError):  # BucketNotFoundError is one
+            await js.delete_key_value(bucket)
+
+
 async def connect(url: str, name: str, *, wait_s: float | None = 30.0) -> Bus:
     """Connect to NATS (``url`` may list several servers, comma-separated) and keep
     reconnecting forever after that; raise ``ConnectionError`` if the first connection

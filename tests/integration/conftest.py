@@ -14,8 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 import pytest_asyncio
 
-from koi import subjects
-from services.runtime.bus import Bus, connect
+from services.runtime.bus import Bus, connect, delete_koi_state
 from services.runtime.embedded import EmbeddedServer, start_nats, start_valkey
 
 
@@ -46,15 +45,10 @@ def redis_url() -> Iterator[str]:
 
 
 async def reset_koi_state(bus: Bus) -> None:
-    """Empty every Koi stream and bucket and drop their consumers: tests start clean."""
+    """Every Koi stream and bucket, empty and without consumers: tests start clean."""
+    await delete_koi_state(bus.js)
     await bus.ensure_streams()
     await bus.ensure_kv()
-    for stream in subjects.STREAMS:
-        for consumer in await bus.js.consumers_info(stream):
-            await bus.js.delete_consumer(stream, consumer.name)
-        await bus.js.purge_stream(stream)
-    for bucket in subjects.KV_BUCKETS:
-        await bus.js.purge_stream(f"KV_{bucket}")
 
 
 @pytest_asyncio.fixture

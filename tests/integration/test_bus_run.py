@@ -31,7 +31,7 @@ from koi.sim.simulator import Simulator
 from koi.v1 import events_pb2, jobs_pb2, plan_service_pb2, plan_service_pb2_grpc
 from koi.wire import planning
 from koi.wire.codec import encode_job
-from services.demo import reset
+from services.runtime.bus import delete_koi_state
 from services.runtime.busrun import BusRun
 from services.runtime.launcher import ALL
 
@@ -54,7 +54,7 @@ def nats_for_run(own_nats, tmp_path):
 
 async def _reset(url: str) -> None:
     nc = await nats.connect(url)
-    await reset(nc)
+    await delete_koi_state(nc.jetstream())
     await nc.close()
 
 

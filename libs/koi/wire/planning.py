@@ -52,7 +52,7 @@ from koi.errors import InvalidConfigError, InvalidSpecError, KoiError
 from koi.planner.explain import Explanation
 from koi.planner.place import Target
 from koi.planner.propose import Proposal
-from koi.planner.tick import ActiveMechanism
+from koi.planner.tick import ActiveMechanism, plan_notes, plan_targets
 from koi.space import DeploymentConfig
 from koi.v1 import bus_pb2, causal_pb2, cluster_pb2, common_pb2, events_pb2, plan_pb2
 from koi.wire._enums import EnumCodec
@@ -430,23 +430,17 @@ def compose_plan_from_proto(msg: plan_pb2.ClusterPlan, *,
         free_by_offering=_sorted_dict(msg.free_by_offering))
 
 
-def plan_notes(msg: plan_pb2.ClusterPlan) -> dict[str, str]:
-    """The notes the in-process planner puts on its PlanDecision (koi.planner.tick)."""
-    return {"solver": msg.solver, "status": msg.status, "objective": f"{msg.objective:.2f}"}
-
-
-def targets_from_proto(msg: plan_pb2.ClusterPlan, *, catalog: Catalog | None = None
-                       ) -> tuple[Target, ...]:
-    """Where the plan wants each job, in plan order: what the placer acts on."""
-    return tuple(Target(c.job_id, c.decision.value, c.reason, c.config, c.offering, c.replicas)
-                 for c in compose_plan_from_proto(msg, catalog=catalog).choices)
-
-
 def decode_plan_targets(data: bytes, *, catalog: Catalog | None = None
                         ) -> tuple[int, tuple[Target, ...], dict[str, str]]:
-    """(tick, targets in plan order, notes {"solver", "status", "objective"})."""
-    return _decoded(data, plan_pb2.ClusterPlan, lambda m: (
-        m.tick, targets_from_proto(m, catalog=catalog), plan_notes(m)))
+    """(tick, targets in plan order, notes): what the placer acts on, built from the
+    decoded ComposePlan by the planner's own ``plan_targets`` and ``plan_notes``."""
+    return _decoded(data, plan_pb2.ClusterPlan, lambda m: plan_targets_from_proto(m, catalog))
+
+
+def plan_targets_from_proto(msg: plan_pb2.ClusterPlan, catalog: Catalog | None = None
+                            ) -> tuple[int, tuple[Target, ...], dict[str, str]]:
+    plan = compose_plan_from_proto(msg, catalog=catalog)
+    return msg.tick, tuple(plan_targets(plan)), plan_notes(plan)
 
 
 def decode_plan(data: bytes, *, catalog: Catalog | None = None
