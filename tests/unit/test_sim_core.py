@@ -162,6 +162,30 @@ def test_kv_overflow_preempts_and_recomputes() -> None:
     assert st.gen_tokens == pytest.approx(1000 * n)
 
 
+def test_a_thinned_group_reads_as_its_members() -> None:
+    """A group of w thinned requests stands for w arrivals spread out: each member's first
+    token comes after its own prompt, and its TPOT is the decode's time per token, not the
+    rest of the group's prefill spread over its output."""
+    from koi.sim.physics import step_coef
+    cfg = _cfg()
+    coef = step_coef(cfg, CAT, load_world())
+    cap = kv_capacity_tokens(CAT.model(cfg.model), CAT.accelerator(cfg.accelerator), cfg,
+                             CAT.engine("vllm"))
+
+    def alone(w: float):
+        rep = Replica(ReplicaSpec(coef, cap, 1024, 8192, True), np.random.default_rng(0), 0.0)
+        rep.enqueue(Req(0, 0.0, 4000, 11, w, 0.0))
+        rep.run_until(600.0)
+        (done,) = rep.take_stats().done
+        return done
+
+    one, group = alone(1.0), alone(16.0)
+    # 16 × 4000 prompt tokens take eight 8k-token passes; a member waits for 1/16 of them
+    assert group.ttft < 2.5 * one.ttft
+    # the group decodes 16 sequences per pass, a little slower than one: same order
+    assert one.tpot <= group.tpot < 2.0 * one.tpot
+
+
 def test_thinning_keeps_throughput_unbiased() -> None:
     sc = tiny_scenario([online_job("chat", rate=20, inp=400, out=100)], horizon_s=1200)
     full = run(sc, FixedPolicy([OD], replicas=2), seed=7, sample_fraction=1.0)

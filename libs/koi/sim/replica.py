@@ -36,8 +36,8 @@ THRASH_PASSES = 64
 class Req:
     """One simulated request (or a group of ``w`` identical ones)."""
 
-    __slots__ = ("alive", "arrival", "first", "g0", "gen", "gen0", "hseq", "inp", "job", "net",
-                 "out", "pre_left", "pre_start", "w")
+    __slots__ = ("alive", "arrival", "first", "g0", "gen", "gen0", "hseq", "inp", "job", "lag",
+                 "net", "out", "pre_left", "pre_start", "w")
 
     def __init__(self, job: int, arrival: float, inp: int, out: int, w: float,
                  net: float) -> None:
@@ -48,6 +48,7 @@ class Req:
         self.w = w
         self.net = net          # client ↔ region latency added to TTFT, s
         self.first = -1.0       # first-token time (engine side), -1 = none yet
+        self.lag = 0.0          # group prefill after ``first`` that is not its members' TPOT
         self.gen = 0            # tokens generated before the current prefill
         self.gen0 = 0           # tokens generated when the current decode began
         self.g0 = 0             # pass counter when the current decode began
@@ -390,6 +391,9 @@ class Replica:
             # prefilling only its own prompt: its members' first token comes after 1/w of
             # the group's prefill time, not after all of it.
             r.first = r.pre_start + (self.now - r.pre_start) / max(r.w, 1.0)
+            # ... and each member decodes right after its own prefill, so the rest of the
+            # group's prefill is not time between its tokens either
+            r.lag = self.now - r.first
         r.gen += 1
         st.gen_tokens += r.w
         if self.now <= self.deadline:
@@ -422,7 +426,7 @@ class Replica:
         if self.s.reserve_full:
             self.kv_full = max(self.kv_full - r.w * (r.inp + r.out), 0.0)
         ttft = r.first - r.arrival + r.net + self.s.ttft_overhead
-        tpot = (self.now - r.first) / (r.out - 1) if r.out > 1 else 0.0
+        tpot = (self.now - r.first - r.lag) / (r.out - 1) if r.out > 1 else 0.0
         self.stats.done.append(Completion(r.job, r.w, ttft, tpot, r.out, self.now))
 
     def _drop(self, r: Req, reason: str) -> None:
