@@ -281,3 +281,20 @@ def test_spend_is_gpus_times_price_times_time() -> None:
     rec = run(sc, FixedPolicy([OD], replicas=2), seed=0)
     price = CAT.offering(OD).usd_per_gpu_hour
     assert rec.spend_usd == pytest.approx(2 * price * 600 / 3600)
+
+
+def test_burst_probe_compares_single_requests_with_thinned_groups() -> None:
+    from koi.jobs.lengths import LengthDist
+    from koi.sim.thinning import burst_probe
+
+    cfg = engine_default_config("qwen2.5-7b", "l40s", "sglang", CAT)
+    rows = burst_probe(cfg, rate_rps=2.0, weights=(1.0, 16.0), requests=600,
+                       input_len=LengthDist.lognormal(1500, 0.5),
+                       output_len=LengthDist.lognormal(60, 0.8), catalog=CAT)
+    assert [r.weight for r in rows] == [1.0, 16.0]
+    single, group = rows
+    assert all(v > 0 for r in rows for v in (r.ttft_mean_ms, r.tpot_mean_ms, r.tpot_p95_ms))
+    # the same offered load: groups make prefill bursty, so latencies rise, but a member's
+    # TPOT is not its group's whole prefill spread over its output (see replica.py)
+    assert group.ttft_mean_ms > single.ttft_mean_ms
+    assert single.tpot_mean_ms <= group.tpot_mean_ms < 4 * single.tpot_mean_ms

@@ -188,6 +188,48 @@ def _s(x: float) -> str:
     return f"{x:.1f}"
 
 
+@bench_app.command("thinning")
+def bench_thinning(
+    model: Annotated[str, Opt(help="Model id.")] = "qwen2.5-7b",
+    accelerator: Annotated[str, Opt(help="Accelerator id.")] = "l40s",
+    engine: Annotated[str, Opt(help="Engine id (its default knobs).")] = "sglang",
+    precision: Annotated[str, Opt(help="Weight precision.")] = "fp8",
+    rate: Annotated[float, Opt(help="Offered req/s on the replica.")] = 2.25,
+    input_mean: Annotated[float, Opt(help="Mean prompt tokens (lognormal).")] = 2048,
+    input_sigma: Annotated[float, Opt(help="Lognormal sigma of prompt tokens.")] = 0.5,
+    output_mean: Annotated[float, Opt(help="Mean output tokens (lognormal).")] = 28,
+    output_sigma: Annotated[float, Opt(help="Lognormal sigma of output tokens.")] = 1.11,
+    prefix_hit: Annotated[float, Opt(help="Share of prompt tokens from the prefix cache.")]
+    = 0.4,
+    weights: Annotated[str, Opt(help="Group sizes to compare: 1,6,36.")] = "1,6,36",
+) -> None:
+    """What thinning does to one simulated replica: single requests vs groups of w
+    arriving together (hetero-12h simulates w ≈ 36, hetero-3h ≈ 6, real-104 ≈ 2)."""
+    from rich.table import Table
+
+    from koi.errors import KoiError
+    from koi.jobs.lengths import LengthDist
+    from koi.sim.thinning import burst_probe
+    from koi.space import engine_default_config
+
+    try:
+        cfg = engine_default_config(model, accelerator, engine, weight_precision=precision)
+        ws = [float(w) for w in weights.split(",") if w.strip()]
+        rows = burst_probe(cfg, rate_rps=rate, weights=ws, prefix_hit=prefix_hit,
+                           input_len=LengthDist.lognormal(input_mean, input_sigma),
+                           output_len=LengthDist.lognormal(output_mean, output_sigma))
+    except (KoiError, ValueError, KeyError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from e
+    table = Table(title=f"{model} on {accelerator} ({engine}, {precision}), {rate:g} req/s")
+    for col in ("w", "TTFT mean ms", "TTFT p95 ms", "TPOT mean ms", "TPOT p95 ms"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(f"{r.weight:g}", f"{r.ttft_mean_ms:,.1f}", f"{r.ttft_p95_ms:,.1f}",
+                      f"{r.tpot_mean_ms:,.1f}", f"{r.tpot_p95_ms:,.1f}")
+    console.print(table)
+
+
 @bench_app.command("learning")
 def bench_learning(
     scenario: Annotated[str, Opt(help="Scenario name or YAML file.")] = "hetero-3h",

@@ -72,7 +72,8 @@ def compose(inp: ComposeInput) -> ComposePlan:
     elif p.n > inp.max_milp_candidates and inp.solver == "auto":
         status = f"{p.n} candidates > max_milp_candidates={inp.max_milp_candidates}"
     else:
-        milp = solve_milp(p, inp.time_limit_s, inp.mip_rel_gap, incumbent=greedy)
+        milp = solve_milp(p, inp.time_limit_s, inp.mip_rel_gap, incumbent=greedy,
+                          node_limit=inp.node_limit)
         solver, status, sol = _pick(p, milp, greedy, fallback=inp.solver == "auto")
     used = gpus_used(p, sol)
     objective = evaluate(p, sol)

@@ -88,7 +88,7 @@ def options(p: Problem) -> Options:
 
 
 def solve_milp(p: Problem, time_limit_s: float, mip_rel_gap: float,
-               incumbent: Assignment | None = None) -> MilpResult:
+               incumbent: Assignment | None = None, node_limit: int = 2000) -> MilpResult:
     """Solve the option MILP; ``incumbent`` (e.g. the greedy's plan) seeds the pruning.
 
     Exact up to HiGHS's gap: the LP relaxation gives a lower bound L on the loss and
@@ -117,7 +117,8 @@ def solve_milp(p: Problem, time_limit_s: float, mip_rel_gap: float,
         lower = lp[1]
         cols = np.flatnonzero(lower + lp[2] <= upper + 1e-9 * max(1.0, abs(upper)))
     left = time_limit_s - (time.perf_counter() - t0)
-    res = _solve(p, opt, cols, total, max(left, 1e-3), mip_rel_gap) if cols.size else None
+    res = _solve(p, opt, cols, total, max(left, 1e-3), mip_rel_gap, node_limit) \
+        if cols.size else None
     seconds = time.perf_counter() - t0
     if isinstance(res, str):
         return MilpResult(None, "error", None, None, seconds, cols.size, res)
@@ -165,7 +166,7 @@ def _rows(p: Problem, opt: Options, cols: np.ndarray,
 
 
 def _solve(p: Problem, opt: Options, cols: np.ndarray, total: float, time_limit_s: float,
-           mip_rel_gap: float) -> OptimizeResult | str:
+           mip_rel_gap: float, node_limit: int) -> OptimizeResult | str:
     a, b = _rows(p, opt, cols, extra=1)
     m = cols.size
     c = np.r_[-opt.value[cols], total]      # last variable, fixed at 1, carries the offset
@@ -173,8 +174,8 @@ def _solve(p: Problem, opt: Options, cols: np.ndarray, total: float, time_limit_
     try:
         return milp(c, integrality=np.r_[np.ones(m), 0.0], bounds=bounds,
                     constraints=LinearConstraint(a, -np.inf, b),
-                    options={"time_limit": time_limit_s, "mip_rel_gap": mip_rel_gap,
-                             "disp": False})
+                    options={"time_limit": time_limit_s, "node_limit": node_limit,
+                             "mip_rel_gap": mip_rel_gap, "disp": False})
     except (ValueError, RuntimeError) as e:  # HiGHS failure: the caller falls back
         return str(e)
 

@@ -218,7 +218,10 @@ class ComposeInput:
     # offering → free GPUs, counting the GPUs each job's own deployment holds now
     capacity: Mapping[str, int]
     weights: ComposeWeights = field(default_factory=ComposeWeights)
-    time_limit_s: float = 0.5          # HiGHS wall-clock limit
+    # HiGHS stops at node_limit branch-and-bound nodes (a work limit: the same plan on any
+    # machine under any load); the wall-clock limit is only a safety net
+    node_limit: int = 2000
+    time_limit_s: float = 5.0
     mip_rel_gap: float = 0.01          # HiGHS relative gap (on the loss, see koi.compose)
     top_k: int = 40                    # candidates kept per job before the MILP
     max_milp_candidates: int = 50_000  # above this (after pruning) use the greedy
@@ -229,6 +232,8 @@ class ComposeInput:
             raise InvalidSpecError("solver", f"{self.solver!r} is not one of auto, milp, greedy")
         if self.top_k < 1:
             raise InvalidSpecError("top_k", "must be ≥ 1")
+        if self.node_limit < 1:
+            raise InvalidSpecError("node_limit", "must be ≥ 1")
         if not self.time_limit_s >= 0 or not 0 <= self.mip_rel_gap < 1:
             raise InvalidSpecError("time_limit_s", "need time_limit_s ≥ 0, 0 ≤ mip_rel_gap < 1")
         ids = [j.job_id for j in self.jobs]

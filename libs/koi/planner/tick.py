@@ -63,7 +63,7 @@ class KoiSettings:
     use_dro: bool = True            # koi-no-dro: radius 0
     coverage: float = 0.9
     migration_budget: int = 4
-    compose_time_limit_s: float = 0.5
+    compose_time_limit_s: float = 5.0   # a safety net: HiGHS stops at its node limit first
     top_k: int = 40
     proposer: ProposerLimits = field(default_factory=lambda: ProposerLimits(max_per_job=120))
     weights: ComposeWeights = field(default_factory=ComposeWeights)

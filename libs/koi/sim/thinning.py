@@ -4,18 +4,26 @@
 near ``TARGET_REQUESTS`` simulated requests; each kept request then carries weight 1/f.
 ``thinning_error`` runs a scenario at f = 1 and at the automatic fraction and reports the
 median absolute difference of per-job SLO attainment and throughput, so the benchmark can
-state the error thinning adds. No fleet or engine logic here; no ``koi.predictor``.
+state the error thinning adds; ``burst_probe`` shows, on one replica, what a group of w
+requests arriving together does to latency (``koi bench thinning``). No fleet logic
+here; no ``koi.predictor``.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
+from koi.catalog import Catalog, load_catalog
 from koi.jobs import OnlineJob
+from koi.jobs.lengths import LengthDist
 from koi.records import JobOutcome, RunRecord
 from koi.scenario.types import Scenario
+from koi.space import DeploymentConfig, kv_capacity_tokens
 
 TARGET_REQUESTS = 200_000   # online requests per run; batch groups add ~tens of thousands
 MIN_FRACTION = 0.005
@@ -83,3 +91,57 @@ def thinning_error(scenario: Scenario, policy_factory: Callable[[], Any],
     return {"fraction": f, "ttft_met": med(d_ttft), "tpot_met": med(d_tpot),
             "throughput": med(d_thr), "batch_throughput": med(d_batch),
             "jobs_compared": float(len(d_thr))}
+
+
+@dataclass(frozen=True, slots=True)
+class BurstRow:
+    """One replica under Poisson load with arrivals thinned to groups of ``weight``."""
+
+    weight: float
+    ttft_mean_ms: float
+    ttft_p95_ms: float
+    tpot_mean_ms: float
+    tpot_p95_ms: float
+
+
+def burst_probe(config: DeploymentConfig, *, rate_rps: float, input_len: LengthDist,
+                output_len: LengthDist, weights: Sequence[float] = (1.0, 6.0, 36.0),
+                prefix_hit: float = 0.0, requests: int = 2000, seed: int = 0,
+                catalog: Catalog | None = None) -> list[BurstRow]:
+    """What thinning does to one replica: the same offered load, simulated as single
+    requests (``weight`` 1) and as groups of ``weight`` requests arriving together (as a
+    thinned run simulates them). Noise off; the first tenth of completions is warm-up.
+    Weighted means; p95s over the simulated (unweighted) completions."""
+    from koi.sim.physics import step_coef  # physics imports the world; keep this module light
+    from koi.sim.replica import Replica, ReplicaSpec, Req
+    from koi.sim.world import load_world
+
+    cat = catalog or load_catalog()
+    world = replace(load_world(), noise_sigma=0.0)
+    engine = cat.engine(config.engine)
+    cap = kv_capacity_tokens(cat.model(config.model), cat.accelerator(config.accelerator),
+                             config, engine)
+    rows = []
+    for w in weights:
+        spec = ReplicaSpec(step_coef(config, cat, world), cap, config.max_num_seqs,
+                           config.max_batched_tokens, config.chunked_prefill,
+                           prefix_hit=prefix_hit, reserve_full=engine.reserves_full_kv,
+                           ttft_overhead=world.ttft_overhead_ms / 1e3)
+        rep = Replica(spec, np.random.default_rng(seed), 0.0)
+        n = max(int(requests / w), 300)
+        rng = np.random.default_rng(seed + 1)
+        times = np.cumsum(rng.exponential(w / rate_rps, n))
+        inp, out = input_len.sample(rng, n), output_len.sample(rng, n)
+        for t, a, b in zip(times, inp, out, strict=True):
+            rep.add_arrival(Req(0, float(t), int(a), int(b), float(w), 0.0))
+        rep.run_until(float(times[-1]) + 3600.0)
+        done = rep.take_stats().done[n // 10:]
+        wt = np.array([c.w for c in done])
+        ttft = np.array([c.ttft for c in done]) * 1e3
+        dec = [c for c in done if c.out > 1]
+        tpot, wd = np.array([c.tpot for c in dec]) * 1e3, np.array([c.w for c in dec])
+        rows.append(BurstRow(w, float((ttft * wt).sum() / wt.sum()),
+                             float(np.quantile(ttft, 0.95)),
+                             float((tpot * wd).sum() / wd.sum()),
+                             float(np.quantile(tpot, 0.95))))
+    return rows
