@@ -62,16 +62,16 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
             off = catalog.offering(cap.offering)
             offers_by_accel[off.accelerator].append(off)
     live = _live_by_job(snapshot)
+    admitted = {j.id for j in snapshot.jobs if j.admitted}
     feasible_jobs = {p.job_id for p, ok in zip(ev.proposals, ev.slo_feasible, strict=True)
                      if ok}
     rows: dict[str, list] = defaultdict(list)
     configs = []
     for i, p in enumerate(ev.proposals):
         goodput, rate, feasible = ev.goodput_tok_s[i], ev.max_rate_rps[i], ev.slo_feasible[i]
-        if p.job_id not in feasible_jobs:
-            # the DRO margin decides how a job is served, not whether: when nothing meets
-            # its SLO robustly, plan on the nominal prediction (best effort); only a job
-            # that no candidate serves even nominally is rejected (an impossible SLO)
+        if p.job_id in admitted and p.job_id not in feasible_jobs:
+            # an admitted job is never dropped: when nothing meets its SLO robustly, plan
+            # on the nominal prediction (best effort) rather than stop serving it
             scale = ev.nominal_max_rate_rps[i] / max(ev.max_rate_rps[i], 1e-12) \
                 if ev.max_rate_rps[i] > 0 else 0.0
             rate = ev.nominal_max_rate_rps[i]
@@ -150,8 +150,7 @@ def job_demands(jobs: Sequence[JobStatus], loads: Mapping[str, JobLoad],
 
 
 def _infeasible_reasons(ev: Evaluated) -> dict[str, str]:
-    """Per job with no robustly SLO-feasible candidate: the closest miss, in words (the
-    reason a job is rejected with when it is not feasible nominally either)."""
+    """Per job with no robustly SLO-feasible candidate: the closest miss, in words."""
     best: dict[str, tuple[float, int]] = {}
     feasible_jobs = {p.job_id for p, ok in zip(ev.proposals, ev.slo_feasible, strict=True) if ok}
     for i, p in enumerate(ev.proposals):
@@ -163,10 +162,9 @@ def _infeasible_reasons(ev: Evaluated) -> dict[str, str]:
     out = {}
     for job_id, (_, i) in best.items():
         cfg = ev.proposals[i].config
-        out[job_id] = (f"no configuration meets the SLO, even on the nominal prediction;"
-                       f" closest is {cfg.accelerator} tp{cfg.tp} {cfg.weight_precision}"
-                       f" {cfg.engine} with robust TTFT p95 {_ms(ev.ttft_p95_ms[i])} and"
-                       f" TPOT p95 {_ms(ev.tpot_p95_ms[i])}")
+        out[job_id] = (f"no configuration meets the SLO robustly; closest is {cfg.accelerator}"
+                       f" tp{cfg.tp} {cfg.weight_precision} {cfg.engine} with TTFT p95 "
+                       f"{_ms(ev.ttft_p95_ms[i])} and TPOT p95 {_ms(ev.tpot_p95_ms[i])}")
     return out
 
 

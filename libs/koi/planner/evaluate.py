@@ -120,40 +120,17 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
     run = kernel or (lambda X: evaluate_matrix(X, backend=backend))
     Y = run(build_inputs(pairs, cat, cal))
     ev = _score(tuple(proposals), pairs, rob, loads, Y)
-    # jobs no candidate serves robustly: the rate one replica sustains on the point
-    # estimate (the beliefs' correction without the DRO margin), for best-effort service;
-    # where that is nothing too, on the bare prediction (an SLO the predictor's physics
-    # cannot meet is impossible, and the job is rejected)
-    point = {i: replace(rob[i], radius_ttft=0.0, radius_tpot=0.0, radius_tput=0.0)
-             for i in _lost(proposals, ev.slo_feasible)}
-    _nominal_rates(ev, point, proposals, pairs, loads, run, cat, cal)
-    bare = {i: NOMINAL for i in _lost(proposals, ev.nominal_max_rate_rps > 0) if i in point}
-    _nominal_rates(ev, bare, proposals, pairs, loads, run, cat, cal)
+    # jobs no candidate serves robustly: also the nominal answer, for best-effort service
+    lost = {p.job_id for p in proposals} - {p.job_id for p, ok in
+                                             zip(proposals, ev.slo_feasible, strict=True) if ok}
+    idx = [i for i, p in enumerate(proposals) if p.job_id in lost]
+    if idx and any(r != NOMINAL for r in rob):
+        nominal = [(pairs[i][0], replace(pairs[i][1], slo_ttft_ms=loads[proposals[i].job_id]
+                                         .slo_ttft_ms, slo_tpot_ms=loads[proposals[i].job_id]
+                                         .slo_tpot_ms)) for i in idx]
+        Yn = run(build_inputs(nominal, cat, cal))
+        ev.nominal_max_rate_rps[idx] = Yn[OUT["max_rate_slo"]]
     return ev
-
-
-def _lost(proposals: Sequence[Proposal], ok: np.ndarray) -> list[int]:
-    """Indices of the proposals of jobs none of whose proposals is ``ok``."""
-    served = {p.job_id for p, good in zip(proposals, ok, strict=True) if good}
-    return [i for i, p in enumerate(proposals) if p.job_id not in served]
-
-
-def _nominal_rates(ev: Evaluated, robustness: Mapping[int, Robustness],
-                   proposals: Sequence[Proposal], pairs: list[tuple], loads: Mapping[str, JobLoad],
-                   run: Kernel, cat: Catalog, cal: Calibration) -> None:
-    """``ev.nominal_max_rate_rps[i]`` under ``robustness[i]``, for each ``i`` given."""
-    if not robustness:
-        return
-    idx = list(robustness)
-    cols = []
-    for i in idx:
-        load, r = loads[proposals[i].job_id], robustness[i]
-        cols.append((pairs[i][0], replace(
-            pairs[i][1], slo_ttft_ms=_effective_slo(load.slo_ttft_ms, r.ttft_mult, 0.0),
-            slo_tpot_ms=_effective_slo(load.slo_tpot_ms, r.tpot_mult, 0.0))))
-    Yn = run(build_inputs(cols, cat, cal))
-    ev.nominal_max_rate_rps[idx] = Yn[OUT["max_rate_slo"]] * np.minimum(
-        [robustness[i].tput_mult for i in idx], 1.0)
 
 
 def _score(proposals: tuple[Proposal, ...], pairs: list[tuple], rob: list[Robustness],

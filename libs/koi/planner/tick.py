@@ -33,7 +33,6 @@ from koi.causal.scope import Scope, scope_of
 from koi.causal.store import BeliefStore
 from koi.cluster import (
     ClusterSnapshot,
-    Deployment,
     DeploymentState,
     DeploymentTelemetry,
     JobStatus,
@@ -48,10 +47,7 @@ from koi.planner.propose import Hints, MechanismHint, Proposal, ProposerLimits, 
 from koi.policies.common import job_finished
 from koi.predictor.api import predict_many
 from koi.predictor.calibration import Calibration
-from koi.predictor.dilation import fit_dilation
-from koi.predictor.features import build_inputs
 from koi.predictor.types import LoadMode, Prediction, Workload
-from koi.space import DeploymentConfig
 
 
 @dataclass(frozen=True)
@@ -69,7 +65,6 @@ class KoiSettings:
     weights: ComposeWeights = field(default_factory=ComposeWeights)
     churn_hours: float = 1.0        # a move costs this many hours of the new replicas' price
     rate_headroom: float = 1.1      # plan for this much more than the observed rate
-    load_equivalent: bool = True    # read telemetry as a time dilation (predictor.dilation)
     backend: str = "numba"
     # the predictor's efficiency table; None = the fitted one (the oracle passes the world's)
     calibration: Calibration | None = None
@@ -262,8 +257,6 @@ def observe(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
             input_len=max(t.prompt_tokens / n, 1.0), output_len=max(t.generation_tokens / n, 1.0),
             mode=mode, load=load)))
         keep.append((t, scope_of(dep.config, catalog), batch))
-    remote = [_remote_client(snapshot, deps[t.deployment_id], catalog) for t, _, _ in keep]
-    pairs = _load_equivalent(pairs, [t for t, _, _ in keep], remote, settings, catalog)
     preds: list[Prediction] = predict_many(pairs, catalog=catalog, validate=False,
                                            calibration=settings.calibration,
                                            backend=settings.backend) if pairs else []
@@ -276,38 +269,6 @@ def observe(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
         if obs is not None:
             observations.append(obs)
     return observations
-
-
-def _remote_client(snapshot: ClusterSnapshot, dep: Deployment, catalog: Catalog) -> bool:
-    """Whether the deployment's job has clients in another cloud region."""
-    job = next((j for j in snapshot.jobs if j.id == dep.job_id), None)
-    region = getattr(job.spec, "client_region", "") if job is not None else ""
-    if not region or not dep.offering:
-        return False
-    off = catalog.offering(dep.offering)
-    return region != f"{off.cloud}/{off.region}"
-
-
-def _load_equivalent(pairs: list[tuple[DeploymentConfig, Workload]],
-                     telemetry: Sequence[DeploymentTelemetry], remote: Sequence[bool],
-                     settings: KoiSettings, catalog: Catalog
-                     ) -> list[tuple[DeploymentConfig, Workload]]:
-    """Open-loop workloads moved to the load at which the prediction, dilated, matches
-    the observed latencies (``koi.predictor.dilation``); saturated ones are left as
-    they are."""
-    rate = [i for i, (_, wl) in enumerate(pairs) if wl.mode == LoadMode.RATE]
-    if not settings.load_equivalent or not rate:
-        return pairs
-    X = build_inputs([pairs[i] for i in rate], catalog, settings.calibration)
-    # a client in another region adds network latency the predictor does not see
-    ttft = [math.nan if remote[i] else telemetry[i].ttft_mean_s for i in rate]
-    s = fit_dilation(X, np.array([telemetry[i].tpot_mean_s for i in rate]), np.array(ttft),
-                     backend=settings.backend)
-    out = list(pairs)
-    for i, k in zip(rate, s.tolist(), strict=True):
-        cfg, wl = pairs[i]
-        out[i] = (cfg, replace(wl, load=wl.load * k))
-    return out
 
 
 def learn_from(observations: Sequence[OutcomeObservation], beliefs: BeliefStore,
