@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -120,10 +120,15 @@ class _Objective:
         return np.concatenate([data, prior])
 
 
-def fit(cases: Sequence[Case], catalog: Catalog | None = None) -> Calibration:
-    """MAP fit of the factor table on these cases."""
+def fit(cases: Sequence[Case], catalog: Catalog | None = None,
+        priors: Calibration | None = None) -> Calibration:
+    """MAP fit of the factor table on these cases; ``priors`` replaces the built-in prior
+    of every factor it holds (the spreads stay ``PRIOR_SIGMA``)."""
     cat = catalog or load_catalog()
     params = parameters_for(cases, cat)
+    if priors is not None:
+        params = [replace(p, prior=priors.factors.get(p.group, {}).get(p.key, p.prior))
+                  for p in params]
     objective = _Objective(cases, params, cat)
     lo = np.log([p.bounds[0] for p in params])
     hi = np.log([p.bounds[1] for p in params])

@@ -1,0 +1,38 @@
+"""The oracle's predictor table is fitted to the run's hidden world."""
+
+from __future__ import annotations
+
+from koi.catalog import load_catalog
+from koi.policies.oracle import fitted_world_calibration, world_calibration, world_cases
+from koi.predictor.accuracy import predict_cases
+from koi.predictor.calibration import load_calibration
+from koi.sim.testing import online_job, tiny_scenario
+from koi.sim.world import load_world
+
+
+def _median_ape(cases, calibration) -> float:
+    import statistics
+
+    results = predict_cases(cases, calibration=calibration)
+    return statistics.median(abs(r.predicted - r.case.value) / r.case.value for r in results)
+
+
+def test_the_world_fit_predicts_the_world_better_than_the_public_fit() -> None:
+    cat = load_catalog()
+    scenario = tiny_scenario([online_job("chat", model="llama-3.1-8b", inp=1024, out=256),
+                              online_job("summarise", model="llama-3.1-8b", inp=3000, out=60)],
+                             fleet={"aws/us-east-1/l40s/on_demand": 8})
+    # a world unlike the default one: the public fit cannot know it, the oracle does
+    world = load_world({"mem_eff": {"l40s": 0.5}, "engine_mult": {"vllm": 1.3}})
+    cases = world_cases(world, scenario, cat)
+    ours = [c for c in cases if c.label.startswith("world ")]
+    assert {c.config.accelerator for c in ours} == {"l40s"}
+    assert {c.workload.input_len for c in ours} == {1024, 3000}
+    assert {c.metric for c in ours} == {"output_throughput_tok_s", "ttft_ms", "tpot_ms"}
+    assert all(c.value > 0 for c in cases)
+
+    oracle = fitted_world_calibration(world, scenario, cat, cases)
+    assert oracle.meta["world_cases"] == len(cases)
+    fitted = _median_ape(ours, oracle)
+    assert fitted < _median_ape(ours, load_calibration())
+    assert fitted < _median_ape(ours, world_calibration(world))
