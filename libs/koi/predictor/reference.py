@@ -314,6 +314,8 @@ def _max_rate_under_slo(X: np.ndarray, mu: np.ndarray, b_lim: np.ndarray, n_c1: 
     O = np.maximum(X[IN["out_len"]], 1.0)
     spec = X[IN["spec_cost"]] / X[IN["spec_gain"]]
     has_slo = (slo_ttft > 0) | (slo_tpot > 0)
+    if not has_slo.any():  # e.g. every calibration fit: nothing to bisect
+        return mu * 0.999
     lo, hi = np.zeros(n), mu * 0.999
     is_rate = np.ones(n, dtype=bool)
     for _ in range(RATE_BISECTIONS):
