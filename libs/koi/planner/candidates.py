@@ -53,6 +53,12 @@ def _live_by_job(snapshot: ClusterSnapshot) -> dict[str, list]:
     return live
 
 
+def _running(deployments: list) -> tuple[list, int]:
+    """A job's live (configuration, offering) pairs and the replicas it holds."""
+    return ([(d.config.with_(offering="", replicas=1), d.offering) for d in deployments],
+            sum(d.replicas_ready + d.replicas_starting for d in deployments))
+
+
 def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog,
                       churn_hours: float) -> tuple[CandidateTable, dict[str, int]]:
     """(candidates × offerings table, capacity per offering incl. the jobs' own GPUs)."""
@@ -67,6 +73,7 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
                      if ok}
     rows: dict[str, list] = defaultdict(list)
     configs = []
+    running: dict[str, tuple[list, int]] = {}  # per job: (config, offering) pairs, replicas
     for i, p in enumerate(ev.proposals):
         goodput, rate, feasible = ev.goodput_tok_s[i], ev.max_rate_rps[i], ev.slo_feasible[i]
         if p.job_id in admitted and p.job_id not in feasible_jobs:
@@ -77,9 +84,9 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
             rate = ev.nominal_max_rate_rps[i]
             goodput = goodput * scale if scale else rate * _out_len(ev, i)
             feasible = rate > 0
-        current = [(d.config.with_(offering="", replicas=1), d.offering)
-                   for d in live.get(p.job_id, [])]
-        held = sum(d.replicas_ready + d.replicas_starting for d in live.get(p.job_id, []))
+        if p.job_id not in running:
+            running[p.job_id] = _running(live.get(p.job_id, []))
+        current, held = running[p.job_id]
         for off in offers_by_accel.get(p.config.accelerator, []):
             usd = off.usd_per_gpu_hour * p.config.gpus_per_replica
             is_current = (p.config, off.id) in current

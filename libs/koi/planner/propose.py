@@ -74,28 +74,39 @@ def propose(job_id: str, model: str, accelerators: Iterable[str], catalog: Catal
             limits: ProposerLimits | None = None) -> list[Proposal]:
     """Valid candidate configurations for one job, best-first, capped per job."""
     lim = limits or ProposerLimits()
-    proposals: dict[DeploymentConfig, Proposal] = {}
-    if current is not None:
-        base = current.with_(offering="", replicas=1)
-        proposals[base] = Proposal(job_id, base, "keep the running configuration",
-                                   priority=100.0)
+    # (proposal, tiebreak key) pairs; grid configs are unique, so only the running
+    # configuration can appear twice
+    items: list[tuple[Proposal, tuple]] = []
+    base = current.with_(offering="", replicas=1) if current is not None else None
+    if base is not None:
+        items.append((Proposal(job_id, base, "keep the running configuration",
+                               priority=100.0), _tiebreak(base)))
     for accel in sorted(set(accelerators)):
-        for cfg in _grid(model, accel, catalog, lim):
-            if cfg in proposals:
+        grid, grid_keys = _grid_cached(model, accel, catalog, *_grid_args(lim))
+        # the mechanisms that can apply on this part, found once per (engine, tp)
+        here = [m for m in mechanisms if m.accelerator in ("*", accel)]
+        in_scope: dict[tuple[str, int], list[MechanismHint]] = {}
+        for cfg, key in zip(grid, grid_keys, strict=True):
+            if base is not None and key == items[0][1] and cfg == base:
                 continue
-            score, why, mech_ids = _priority(cfg, current, hints, mechanisms)
-            proposals[cfg] = Proposal(job_id, cfg, why, mech_ids, score)
-    return _interleave(list(proposals.values()))[: lim.max_per_job]
+            applies = in_scope.get((cfg.engine, cfg.tp))
+            if applies is None:
+                applies = in_scope[(cfg.engine, cfg.tp)] = [m for m in here if _in_scope(cfg, m)]
+            score, why, mech_ids = _priority(cfg, current, hints, applies)
+            items.append((Proposal(job_id, cfg, why, mech_ids, score), key))
+    return _interleave(items)[: lim.max_per_job]
 
 
-def _interleave(proposals: list[Proposal]) -> list[Proposal]:
+def _interleave(items: list[tuple[Proposal, tuple]]) -> list[Proposal]:
     """Best-first; among equal priorities, take accelerators in turn so that a cap on the
-    set keeps every part of the fleet represented."""
+    set keeps every part of the fleet represented. ``items``: (proposal, its config's
+    ``_tiebreak`` key) pairs."""
     by_accel: dict[str, list[Proposal]] = {}
-    for p in sorted(proposals, key=lambda p: (-p.priority, _tiebreak(p.config))):
+    for p, _ in sorted(items, key=lambda item: (-item[0].priority, item[1])):
         by_accel.setdefault(p.config.accelerator, []).append(p)
     rank = {id(p): i for group in by_accel.values() for i, p in enumerate(group)}
-    return sorted(proposals, key=lambda p: (-p.priority, rank[id(p)], p.config.accelerator))
+    return sorted((p for p, _ in items),
+                  key=lambda p: (-p.priority, rank[id(p)], p.config.accelerator))
 
 
 def _tiebreak(cfg: DeploymentConfig) -> tuple:
@@ -104,19 +115,19 @@ def _tiebreak(cfg: DeploymentConfig) -> tuple:
             cfg.kv_dtype.value, cfg.max_num_seqs)
 
 
-def _grid(model: str, accelerator: str, catalog: Catalog,
-          lim: ProposerLimits) -> list[DeploymentConfig]:
-    return list(_grid_cached(model, accelerator, catalog, lim.tps, lim.precisions,
-                             lim.engines, lim.kv_dtypes, lim.max_num_seqs,
-                             lim.extra_engine_defaults))
+def _grid_args(lim: ProposerLimits) -> tuple:
+    return (lim.tps, lim.precisions, lim.engines, lim.kv_dtypes, lim.max_num_seqs,
+            lim.extra_engine_defaults)
 
 
 @lru_cache(maxsize=4096)
 def _grid_cached(model: str, accelerator: str, catalog: Catalog, tps: tuple[int, ...],
                  precisions: tuple[str, ...], engines: tuple[str, ...],
                  kv_dtypes: tuple[str, ...], seqs: tuple[int, ...],
-                 engine_defaults: bool) -> tuple[DeploymentConfig, ...]:
-    """Every valid combination of the knobs the proposer varies (cached: pure)."""
+                 engine_defaults: bool
+                 ) -> tuple[tuple[DeploymentConfig, ...], tuple[tuple, ...]]:
+    """Every valid combination of the knobs the proposer varies, and each one's
+    ``_tiebreak`` key (cached: pure)."""
     out = []
     for engine in engines:
         eng = catalog.engine(engine)
@@ -133,7 +144,7 @@ def _grid_cached(model: str, accelerator: str, catalog: Catalog, tps: tuple[int,
                             max_batched_tokens=max(eng.default_max_batched_tokens, n))
                         if not validate(cfg, catalog):
                             out.append(cfg)
-    return tuple(out)
+    return tuple(out), tuple(_tiebreak(c) for c in out)
 
 
 def _priority(cfg: DeploymentConfig, current: DeploymentConfig | None, hints: Hints | None,
