@@ -65,3 +65,12 @@ def test_explain_cli(tmp_path) -> None:
     bad = runner.invoke(app, ["explain", "--scenario", "hetero-3h", "--job", "nope",
                               "--tick", "0"])
     assert bad.exit_code == 2 and "no job" in bad.stderr
+
+
+def test_bench_tick_cli() -> None:
+    result = CliRunner().invoke(app, ["bench", "tick", "--scenario", "hetero-3h",
+                                      "--ticks", "2"])
+    assert result.exit_code == 0, result.output
+    assert "first 2 ticks" in result.output
+    for stage in ("propose", "evaluate", "compose", "place", "total"):
+        assert stage in result.output

@@ -94,6 +94,15 @@ def summary(run: LearningRun) -> dict[str, float]:
     return out
 
 
+def stage_times(run: LearningRun) -> dict[str, tuple[float, float]]:
+    """Per planning stage (and ``total``): (median, p90) seconds over the run's ticks."""
+    out = {}
+    for stage in sorted({k for r in run.reports for k in r.stage_s}):
+        v = np.array([r.stage_s[stage] for r in run.reports if stage in r.stage_s])
+        out[stage] = (float(np.median(v)), float(np.percentile(v, 90)))
+    return out
+
+
 def _nanmedian(x: np.ndarray) -> float:
     x = x[np.isfinite(x)]
     return float(np.median(x)) if x.size else math.nan

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from koi.bench.learning import plot, replay, summary, write_csv
+from koi.bench.learning import plot, replay, stage_times, summary, write_csv
 
 
 def _replay(console: Console, scenario: str, policy: str, seed: int,
@@ -71,6 +71,17 @@ def learning_command(console: Console, scenario: str, policy: str, seed: int,
     console.print(f"mechanisms discovered: {s['mechanisms_discovered']:.0f}; median tick "
                   f"{s['tick_s_median']:.3f} s")
     console.print(f"wrote {base.with_suffix('.png')} and {base.with_suffix('.csv')}")
+
+
+def tick_command(console: Console, scenario: str, policy: str, seed: int, ticks: int) -> None:
+    run = _replay(console, scenario, policy, seed, until_tick=ticks - 1)
+    t = Table(title=f"Planning tick on {run.scenario} ({policy}, seed {seed}, "
+                    f"first {len(run.reports)} ticks)")
+    for col in ("stage", "median s", "p90 s"):
+        t.add_column(col, justify="right")
+    for stage, (median, p90) in stage_times(run).items():
+        t.add_row(stage, f"{median:.3f}", f"{p90:.3f}")
+    console.print(t)
 
 
 def _f(x: float | None) -> str:

@@ -243,6 +243,20 @@ def bench_learning(
     learning_command(console, scenario, policy, seed, out)
 
 
+@bench_app.command("tick")
+def bench_tick(
+    scenario: Annotated[str, Opt(help="Scenario name or YAML file.")] = "hetero-12h",
+    policy: Annotated[str, Opt(help="koi or one of its ablations.")] = "koi",
+    seed: Annotated[int, Opt(help="Seed.")] = 1,
+    ticks: Annotated[int, Opt(help="Time the first N planning ticks.", min=1)] = 90,
+) -> None:
+    """Planning-tick time (propose → evaluate → compose → place, and learn): median and
+    p90 per stage over the first --ticks ticks."""
+    from koi.cli.explain_cmd import tick_command
+
+    tick_command(console, scenario, policy, seed, ticks)
+
+
 @app.command()
 def explain(
     scenario: Annotated[str, Opt(help="Scenario name or YAML file.")] = "hetero-3h",
