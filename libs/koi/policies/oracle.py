@@ -7,13 +7,14 @@ every operating point of the scenario (each job's model and mean request shape, 
 accelerator of the fleet, each engine, bf16 and fp8, saturated and at half load) is
 re-measured by the simulator's own replica model with the noise off, and the table is
 fitted to those numbers, starting from the world's parameters mapped onto the table
-(``world_calibration``). That is the best the predictor's functional form can do with
-perfect offline profiling of this world. What the world draws at random per replica or
-per step (noise, stragglers, throttling, the KV-thrash cliff) stays unknown, as it would
-to any planner, and the predictor's queueing model is still an approximation of the
-simulator's request-level batching, so the oracle keeps Koi's beliefs and DRO radius on
-top. It is an upper reference, not a proof of optimality: a planner that learns online
-can still beat it where the predictor's form is wrong (docs/NOTES.md).
+(``world_calibration``). That is the best the predictor's functional form can do
+with perfect offline profiling of this world. What the world draws at random per replica
+or per step (noise, stragglers, throttling, the KV-thrash cliff) stays unknown, as it
+would to any planner; a slow region's multiplier has no factor in the table to go to;
+and the predictor's queueing model is still an approximation of the simulator's
+request-level batching, so the oracle keeps Koi's beliefs and DRO radius on top. It is
+an upper reference, not a proof of optimality: a planner that learns online can still
+beat it where the predictor's form is wrong (docs/NOTES.md).
 
 This policy reads the world file by design; it is the only planner that may.
 """
