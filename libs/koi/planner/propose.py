@@ -149,7 +149,8 @@ def _grid_cached(model: str, accelerator: str, catalog: Catalog, tps: tuple[int,
 
 def _priority(cfg: DeploymentConfig, current: DeploymentConfig | None, hints: Hints | None,
               mechanisms: Sequence[MechanismHint]) -> tuple[float, str, tuple[str, ...]]:
-    """How strongly the evidence points at this candidate, and the words for why."""
+    """How strongly the evidence points at this candidate, and the words for why
+    (``mechanisms``: the ones in scope of ``cfg``)."""
     score, reasons, ids = 0.0, [], []
     if current is not None and hints is not None:
         same_part = cfg.accelerator == current.accelerator
@@ -167,11 +168,10 @@ def _priority(cfg: DeploymentConfig, current: DeploymentConfig | None, hints: Hi
         if hints.queue_util > 0.85:
             score += 1.0
             reasons.append(f"queue near saturation (ρ {hints.queue_util:.2f}): more capacity")
-    for m in mechanisms:
-        if _in_scope(cfg, m):
-            score += 2.0 if m.effect < 1.0 else -2.0
-            ids.append(m.id)
-            reasons.append(m.text or f"mechanism {m.id}")
+    for m in mechanisms:  # already those whose scope holds cfg
+        score += 2.0 if m.effect < 1.0 else -2.0
+        ids.append(m.id)
+        reasons.append(m.text or f"mechanism {m.id}")
     if not reasons:
         reasons.append("explore the space")
     return score, "; ".join(reasons), tuple(ids)

@@ -30,6 +30,7 @@ import structlog
 from koi.catalog import Catalog, load_catalog
 from koi.planner.tick import KoiSettings
 from koi.policies.base import register
+from koi.policies.common import PRECISIONS, smallest_fitting_config
 from koi.policies.koi import _KoiBase
 from koi.predictor.calibration import Calibration
 from koi.predictor.fit import fit
@@ -38,7 +39,7 @@ from koi.predictor.types import LoadMode, Workload
 from koi.scenario.types import Scenario
 from koi.sim.calibration import Row, load_rows, simulate_row
 from koi.sim.world import WorldParams, load_world
-from koi.space import DeploymentConfig, engine_default_config, validate
+from koi.space import DeploymentConfig
 
 
 def world_calibration(world: WorldParams) -> Calibration:
@@ -69,7 +70,6 @@ def world_calibration(world: WorldParams) -> Calibration:
 log = structlog.get_logger(__name__)
 
 ENGINES = ("vllm", "sglang", "trtllm")
-PRECISIONS = ("bf16", "fp8")
 HALF_LOAD = 0.5  # the Poisson operating point, as a share of the saturated request rate
 
 
@@ -83,20 +83,6 @@ def _shapes(scenario: Scenario) -> dict[str, list[tuple[int, int]]]:
         by.setdefault(job.model, set()).add(shape)
     return {m: sorted({max(v, key=lambda s: s[0] / s[1]), min(v, key=lambda s: s[0] / s[1])})
             for m, v in sorted(by.items())}
-
-
-def _smallest_config(model: str, accel: str, engine: str, precision: str, cat: Catalog
-                     ) -> DeploymentConfig | None:
-    """The engine-default config at the smallest TP that fits, or None."""
-    for tp in (1, 2, 4, 8):
-        try:
-            cfg = engine_default_config(model, accel, engine, cat, tp=tp,
-                                        weight_precision=precision)
-        except (KeyError, ValueError):
-            return None
-        if not validate(cfg, cat):
-            return cfg
-    return None
 
 
 def world_cases(world: WorldParams, scenario: Scenario, catalog: Catalog | None = None
@@ -114,7 +100,8 @@ def world_cases(world: WorldParams, scenario: Scenario, catalog: Catalog | None 
         for accel in accels:
             for engine in ENGINES:
                 for precision in PRECISIONS:
-                    cfg = _smallest_config(model, accel, engine, precision, cat)
+                    cfg = smallest_fitting_config(model, accel, cat, precision=precision,
+                                                  engine=engine)
                     if cfg is not None:
                         cases += _operating_points(cfg, shapes, cat, quiet)
     return cases
