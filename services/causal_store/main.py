@@ -13,7 +13,7 @@ from __future__ import annotations
 from koi import subjects
 from koi.calibrate import DroCalibrator
 from koi.causal.store import BeliefStore
-from koi.planner.tick import learn_from
+from koi.planner.tick import KoiSettings, KoiState, learn_from
 from koi.policies.koi import settings_for
 from koi.wire import planning
 from services.runtime.app import ServiceContext, main
@@ -26,14 +26,19 @@ class StateCache:
     """The stored state, decoded again only when the bucket's revision moved (another
     replica or an operator wrote it); the bucket stays the one truth."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: KoiSettings) -> None:
         self.revision = -1
-        self.state: tuple[BeliefStore, DroCalibrator, int] = (BeliefStore(), DroCalibrator(), -1)
+        self.initial = KoiState.initial(settings)
+        self.state: tuple[BeliefStore, DroCalibrator, int] = self.fresh()
+
+    def fresh(self) -> tuple[BeliefStore, DroCalibrator, int]:
+        """Before anything is stored: no beliefs, the settings' coverage target."""
+        return self.initial.beliefs, self.initial.calibrator, -1
 
     async def load(self, ctx: ServiceContext) -> tuple[BeliefStore, DroCalibrator, int]:
         got = await ctx.bus.kv_get(subjects.KV_CAUSAL, subjects.KEY_CAUSAL_STATE)
         if got is None:
-            return BeliefStore(), DroCalibrator(), -1
+            return self.fresh()
         data, revision = got
         if revision != self.revision:
             self.state, self.revision = planning.decode_causal_state(data), revision
@@ -45,7 +50,7 @@ class StateCache:
 
 async def run(ctx: ServiceContext) -> None:
     settings = settings_for(ctx.settings.policy)
-    cache = StateCache()
+    cache = StateCache(settings)
 
     async def handle(subject: str, data: bytes, headers: dict | None) -> None:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -10,7 +11,9 @@ from typer.testing import CliRunner
 from koi.bench.learning import replay, series, summary
 from koi.bench.runner import run_once
 from koi.cli.main import app
+from koi.planner.tick import KoiSettings, KoiState
 from koi.policies import policy_names
+from koi.policies.koi import Koi
 from koi.sim.testing import batch_job, online_job, tiny_scenario
 
 SCENARIO = tiny_scenario([online_job("chat", rate=6.0, model="llama-3.1-8b"),
@@ -74,3 +77,8 @@ def test_bench_tick_cli() -> None:
     assert "first 2 ticks" in result.output
     for stage in ("propose", "evaluate", "compose", "place", "total"):
         assert stage in result.output
+
+
+def test_the_coverage_setting_reaches_the_calibrator() -> None:
+    assert Koi().state.calibrator.coverage == KoiSettings().coverage
+    assert KoiState.initial(replace(KoiSettings(), coverage=0.8)).calibrator.coverage == 0.8

@@ -81,6 +81,12 @@ class KoiState:
     running: frozenset[str] = frozenset()
     steady: frozenset[str] = frozenset()
 
+    @staticmethod
+    def initial(settings: KoiSettings) -> KoiState:
+        """The state before the first tick: no beliefs, a calibrator at ``settings``'
+        coverage target."""
+        return KoiState(calibrator=DroCalibrator(coverage=settings.coverage))
+
 
 @dataclass(frozen=True)
 class TickReport:

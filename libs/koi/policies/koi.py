@@ -23,7 +23,7 @@ class _KoiBase(Policy):
 
     def __init__(self, catalog: Catalog | None = None, seed: int = 0) -> None:
         super().__init__(catalog, seed)
-        self.state = KoiState()
+        self.state = KoiState.initial(self.settings)
         self.reports: list[TickReport] = []
 
     def decide(self, snapshot: ClusterSnapshot,
