@@ -8,9 +8,7 @@ chosen candidate c of every placed job j with x replicas:
 
     maximise  Σ_j  V_j · (1 − w_risk·risk_c) · served_j
                  − w_cost · usd_c · x
-                 − w_churn · (migration_cost_c + move_risk_h · V_j · demand_j)
-                                        (0 when c is the job's current one; the second
-                                         term only when j is placed)
+                 − w_churn · migration_cost_c        (0 when c is the job's current one)
 
     V_j       = 3600 · value_per_tok_j · priority_step ** (priority_j − 5)
     served_j  = min(demand_j, cap_c · x)                                   [tok/s]

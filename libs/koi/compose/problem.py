@@ -97,9 +97,7 @@ def build_problem(inp: ComposeInput) -> Problem:
     cap[cap < 1e-6] = 0.0   # a millionth of a token per second is nothing (and overflows)
     a = value[job_of] * np.clip(1.0 - w.risk * table.slo_risk, 0.0, 1.0)
     cost = w.cost * table.usd_per_hour
-    placed = np.array([j.currently_placed for j in jobs], dtype=bool)
-    at_risk = np.where(placed, w.move_risk_h * value * demand, 0.0)
-    churn = np.where(table.is_current, 0.0, w.churn * (table.migration_cost + at_risk[job_of]))
+    churn = np.where(table.is_current, 0.0, w.churn * table.migration_cost)
 
     min_r = np.array([max(1, j.min_replicas) for j in jobs], dtype=np.int64)
     max_r = np.array([j.max_replicas for j in jobs], dtype=np.int64)

@@ -196,12 +196,9 @@ class ComposeWeights:
     churn: float = 1.0         # multiplies each candidate's migration_cost
     preemption: float = 1.0    # share of a replica's goodput lost per unit of exposure
     priority_step: float = 2.0  # a token of priority p is worth step**(p-5) of one at 5
-    # moving a placed job puts this many hours of its demand's value at risk (about one
-    # replica start-up): a move must gain more than that, so near-ties do not flip plans
-    move_risk_h: float = 0.05
 
     def __post_init__(self) -> None:
-        for name in ("cost", "risk", "churn", "preemption", "move_risk_h"):
+        for name in ("cost", "risk", "churn", "preemption"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise InvalidSpecError(f"weights.{name}", f"{v} must be finite and ≥ 0")
