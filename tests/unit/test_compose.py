@@ -165,12 +165,13 @@ def test_greedy_flag_and_zero_time_limit_give_valid_plans():
     assert rushed.objective >= greedy.objective - 1e-6
 
 
-def test_forty_jobs_two_hundred_candidates_is_fast_enough():
+def test_forty_jobs_two_hundred_candidates_is_solved_exactly():
+    # its speed is a benchmark figure (`koi bench tick`, docs/COMPOSER.md), not a test:
+    # a wall-clock bound here failed on a loaded 2-core machine (3.3 s)
     inp = synthetic_tick(0)   # 40 jobs × 200 candidates, contested
     plan = compose(inp)
     assert plan.candidates_in == 8000 and plan.candidates_kept <= 40 * 40
-    assert plan.solver == SolverName.HIGHS_MILP
-    assert plan.solve_s < 2.0   # ≈0.2–0.55 s measured; loose here on a shared machine
+    assert plan.solver == SolverName.HIGHS_MILP and plan.status == "optimal"
 
 
 def test_bad_input_names_the_field():
