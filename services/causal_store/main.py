@@ -28,17 +28,15 @@ class StateCache:
 
     def __init__(self, settings: KoiSettings) -> None:
         self.revision = -1
-        self.initial = KoiState.initial(settings)
-        self.state: tuple[BeliefStore, DroCalibrator, int] = self.fresh()
-
-    def fresh(self) -> tuple[BeliefStore, DroCalibrator, int]:
-        """Before anything is stored: no beliefs, the settings' coverage target."""
-        return self.initial.beliefs, self.initial.calibrator, -1
+        start = KoiState.initial(settings)  # immutable: shared by every empty load
+        self.empty: tuple[BeliefStore, DroCalibrator, int] = (start.beliefs,
+                                                              start.calibrator, -1)
+        self.state = self.empty
 
     async def load(self, ctx: ServiceContext) -> tuple[BeliefStore, DroCalibrator, int]:
         got = await ctx.bus.kv_get(subjects.KV_CAUSAL, subjects.KEY_CAUSAL_STATE)
         if got is None:
-            return self.fresh()
+            return self.empty
         data, revision = got
         if revision != self.revision:
             self.state, self.revision = planning.decode_causal_state(data), revision

@@ -80,5 +80,9 @@ def test_bench_tick_cli() -> None:
 
 
 def test_the_coverage_setting_reaches_the_calibrator() -> None:
+    class Koi80(Koi):
+        settings = replace(KoiSettings(), coverage=0.8)
+
+    assert Koi80().state.calibrator.coverage == 0.8   # was always 0.9 before the fix
     assert Koi().state.calibrator.coverage == KoiSettings().coverage
     assert KoiState.initial(replace(KoiSettings(), coverage=0.8)).calibrator.coverage == 0.8
