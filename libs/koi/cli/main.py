@@ -202,9 +202,13 @@ def bench_thinning(
     prefix_hit: Annotated[float, Opt(help="Share of prompt tokens from the prefix cache.")]
     = 0.4,
     weights: Annotated[str, Opt(help="Group sizes to compare: 1,6,36.")] = "1,6,36",
+    spread: Annotated[bool, Opt(help="Groups as the simulator makes them (every w-th "
+                                     "request, members spread out); --no-spread: kept "
+                                     "at random and arriving at once, as before "
+                                     "2026-11-30.")] = True,
 ) -> None:
     """What thinning does to one simulated replica: single requests vs groups of w
-    arriving together (hetero-12h simulates w ≈ 36, hetero-3h ≈ 6, real-104 ≈ 2)."""
+    (hetero-12h simulates w ≈ 36, hetero-3h ≈ 6, real-104 ≈ 2)."""
     from rich.table import Table
 
     from koi.errors import KoiError
@@ -215,13 +219,15 @@ def bench_thinning(
     try:
         cfg = engine_default_config(model, accelerator, engine, weight_precision=precision)
         ws = [float(w) for w in weights.split(",") if w.strip()]
-        rows = burst_probe(cfg, rate_rps=rate, weights=ws, prefix_hit=prefix_hit,
+        rows = burst_probe(cfg, rate_rps=rate, weights=ws, prefix_hit=prefix_hit, spread=spread,
                            input_len=LengthDist.lognormal(input_mean, input_sigma),
                            output_len=LengthDist.lognormal(output_mean, output_sigma))
     except (KoiError, ValueError, KeyError) as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from e
-    table = Table(title=f"{model} on {accelerator} ({engine}, {precision}), {rate:g} req/s")
+    how = "spread" if spread else "at once"
+    table = Table(title=f"{model} on {accelerator} ({engine}, {precision}), {rate:g} req/s,"
+                        f" groups {how}")
     for col in ("w", "TTFT mean ms", "TTFT p95 ms", "TPOT mean ms", "TPOT p95 ms"):
         table.add_column(col, justify="right")
     for r in rows:

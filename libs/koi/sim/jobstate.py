@@ -42,6 +42,7 @@ class JobState:
         self.tokens_processed = self.tokens_by_deadline = 0.0
         self._lens: tuple[np.ndarray, np.ndarray] | None = None
         self._li = 0
+        self._phase = -1.0                    # systematic thinning's carry (-1: not drawn)
 
     @property
     def is_batch(self) -> bool:
@@ -50,16 +51,35 @@ class JobState:
     # --- online --------------------------------------------------------------------------
 
     def arrivals(self, t0: float, t1: float, fraction: float) -> list[Req]:
-        """This window's requests, thinned to ``fraction`` (each weighted 1/fraction)."""
+        """This window's requests, thinned to ``fraction`` (each weighted 1/fraction).
+
+        Thinning is systematic: one request in every 1/fraction is kept, counting on
+        across windows from a random start, so the kept request stands for itself and the
+        ones after it up to the next kept one. (Keeping each request with probability f
+        instead makes the weighted count over-dispersed by a factor 1/f: a burstier load
+        than the job's.)
+        """
         spec = self.spec
         assert isinstance(spec, OnlineJob)
         times, ins, outs = spec.sample_requests(self.rng, t0, t1)
+        prompts: list[list[int]] = []
         if fraction < 1.0 and times.size:
-            keep = self.rng.random(times.size) < fraction
-            times, ins, outs = times[keep], ins[keep], outs[keep]
+            if self._phase < 0.0:
+                self._phase = float(self.rng.random())
+            c = self._phase + fraction * np.arange(1, times.size + 1)
+            keep = np.floor(c) > np.floor(c - fraction)   # the count passed a whole number
+            self._phase = float(c[-1] % 1.0)
+            prompts = _groups(ins, keep, round(1.0 / fraction))
+            outs = _group_means(outs, keep)
+            times = times[keep]
+            ins = np.array([round(sum(m) / len(m)) for m in prompts], dtype=np.int64)
         w = 1.0 / fraction
         reqs = [Req(self.idx, float(t), int(i), int(o), w, 0.0)
                 for t, i, o in zip(times.tolist(), ins.tolist(), outs.tolist(), strict=True)]
+        if prompts:
+            for r, m in zip(reqs, prompts, strict=True):
+                if len(m) > 1:
+                    r.members(m)
         self.offered += w * len(reqs)
         self.offered_tokens += w * float(outs.sum())
         self.arrived_tick = w * len(reqs)
@@ -153,3 +173,28 @@ class JobState:
                           good_output_tokens=self.good_tokens,
                           served_output_tokens=self.served_tokens,
                           queued_at_end=queued_reqs)
+
+
+def _group_means(lengths: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Each kept request's length as the mean over the requests it stands for (itself and
+    those up to the next kept one; the window's last group counts only its own window):
+    the group's work then varies as the sum of its members' would, not ``w`` times one
+    member's. Requests before the first kept one belong to the previous window's group."""
+    idx = np.flatnonzero(keep)
+    if idx.size == 0:
+        return lengths[:0]
+    sums = np.add.reduceat(lengths.astype(np.float64), idx)
+    counts = np.diff(np.append(idx, lengths.size))
+    return np.maximum(np.rint(sums / counts), 1).astype(lengths.dtype)
+
+
+def _groups(lengths: np.ndarray, keep: np.ndarray, size: int) -> list[list[int]]:
+    """The lengths of the requests each kept one stands for (itself and those up to the
+    next kept one), ``size`` of them: the window's last group, cut short by the window's
+    end, repeats its own members to make up the number."""
+    idx = np.flatnonzero(keep)
+    out = []
+    for a, b in zip(idx.tolist(), [*idx[1:].tolist(), lengths.size], strict=True):
+        m = lengths[a:b].tolist()
+        out.append([m[i % len(m)] for i in range(max(size, 1))] if len(m) < size else m)
+    return out

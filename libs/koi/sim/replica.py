@@ -11,7 +11,13 @@ window ending) the pass time is held constant and many passes are taken at once.
 global pass counter ``G`` plus running sums give every sequence's context in O(1).
 
 A simulated request carries a weight ``w`` (thinned simulation: it stands for ``w``
-identical requests), and the batch and KV load it exerts are multiplied by ``w``.
+identical requests), and the batch and KV load it exerts are multiplied by ``w``. An
+online group also carries its members' arrival offsets (``Req.spread``): its prompt is
+released to prefill one member at a time as they arrive, not all at once; each member's
+first token is timed when its own prompt is done, and the group's TTFT is its members'
+mean. (Without that, a group's whole prompt lands in one burst and every request behind
+it waits for all of it: ``koi bench thinning`` shows the size of that artefact.) The
+group still decodes as one once its last member is prefilled.
 No routing, fleet or cost logic here, and no ``koi.predictor`` imports.
 """
 
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,8 +43,9 @@ THRASH_PASSES = 64
 class Req:
     """One simulated request (or a group of ``w`` identical ones)."""
 
-    __slots__ = ("alive", "arrival", "first", "g0", "gen", "gen0", "hseq", "inp", "job", "lag",
-                 "net", "out", "pre_left", "pre_start", "w")
+    __slots__ = ("alive", "arrival", "cum", "done_t", "first", "g0", "gen", "gen0", "hseq",
+                 "inp", "job", "lag", "n", "net", "offs", "out", "pre_left", "pre_start",
+                 "pre_tot", "w")
 
     def __init__(self, job: int, arrival: float, inp: int, out: int, w: float,
                  net: float) -> None:
@@ -47,6 +55,11 @@ class Req:
         self.out = out
         self.w = w
         self.net = net          # client ↔ region latency added to TTFT, s
+        self.n = 1              # members timed apart (1: the group is timed as one)
+        self.cum: list[float] = [1.0]    # share of the group's prompt up to each member
+        self.offs: list[float] | None = None  # members' arrival offsets (None: all at 0)
+        self.pre_tot = 0.0      # weighted prefill tokens of the current prefill
+        self.done_t: list[float] = []   # members' first-token times (first prefill only)
         self.first = -1.0       # first-token time (engine side), -1 = none yet
         self.lag = 0.0          # group prefill after ``first`` that is not its members' TPOT
         self.gen = 0            # tokens generated before the current prefill
@@ -56,6 +69,42 @@ class Req:
         self.pre_start = 0.0    # when its prefill reached the head of the prefill queue
         self.alive = False      # in the decoding set (heap entries are deleted lazily)
         self.hseq = 0           # id of its live heap entry; older entries are stale
+
+    def members(self, prompts: list[int]) -> None:
+        """Time the group as ``len(prompts)`` members with these prompt lengths, each
+        standing for ``w / len(prompts)`` requests (until ``spread``, all arrive at once,
+        as a batch feed's backlog or a saturating burst does)."""
+        total = float(sum(prompts))
+        acc, self.cum = 0.0, []
+        for x in prompts:
+            acc += x
+            self.cum.append(acc / total)
+        self.cum[-1] = 1.0
+        self.n = len(prompts)
+
+    def spread(self, offsets: list[float]) -> None:
+        """Its members arrive at ``arrival + offsets`` (sorted, the first 0)."""
+        assert len(offsets) == self.n, "one offset per member"
+        self.offs = offsets
+
+    @property
+    def paced(self) -> bool:
+        """Members still to time: a spread group's first prefill."""
+        return self.n > 1 and self.first < 0
+
+    def released(self, t: float) -> float:
+        """Weighted prefill tokens whose members have arrived by ``t``."""
+        if not self.paced or self.offs is None:
+            return self.pre_tot
+        k = bisect_right(self.offs, t - self.arrival + 1e-9)
+        return self.pre_tot * self.cum[k - 1]
+
+    def next_release(self, t: float) -> float:
+        """When the next member arrives after ``t`` (inf when all have)."""
+        if not self.paced or self.offs is None:
+            return INF
+        k = bisect_right(self.offs, t - self.arrival + 1e-9)
+        return INF if k >= self.n else self.arrival + self.offs[k]
 
 
 @dataclass(slots=True)
@@ -209,10 +258,11 @@ class Replica:
                 self.now = min(max(nxt, self.now), t_end)
                 continue
             self._make_room()
-            if self.s.chunked or not self.prefill:
-                self._mixed_segment(t_end)
+            backlog, head, release = self._backlog()
+            if not self.s.chunked and backlog > 0.0:
+                self._prefill_pass(backlog)
             else:
-                self._prefill_pass()
+                self._mixed_segment(t_end, backlog, head, release)
 
     def _take_arrivals(self) -> None:
         while self.pending and self.pending[0].arrival <= self.now:
@@ -240,7 +290,8 @@ class Replica:
             budget -= toks
             self.waiting.popleft()
             self.w_wait -= r.w
-            r.pre_left = toks
+            r.pre_left = r.pre_tot = toks
+            r.done_t = []
             self.p_total += toks
             r.pre_start = self.now
             self.prefill.append(r)
@@ -293,27 +344,50 @@ class Replica:
             self._ni += 1
         return f
 
-    def _mixed_segment(self, t_end: float) -> None:
-        """Passes of all decoding sequences plus a prefill chunk, until the next event."""
+    def _backlog(self) -> tuple[float, float, float]:
+        """Prefill work that can run now: (released tokens not yet computed, those of the
+        first group that has some, when the next member arrives)."""
+        backlog = head = 0.0
+        release = INF
+        for r in self.prefill:
+            avail = r.released(self.now) - (r.pre_tot - r.pre_left)
+            if avail > 1e-6:
+                backlog += avail
+                head = head or avail
+            if r.paced:
+                release = min(release, r.next_release(self.now))
+        return backlog, head, release
+
+    def _mixed_segment(self, t_end: float, backlog: float, head: float,
+                       release: float) -> None:
+        """Passes of all decoding sequences plus a prefill chunk (chunked prefill only),
+        until the next event."""
         s = self.s
         b = self.w_dec
         ctx = (self.a_sum + b * self.G) / b if b > 0 else 0.0
         p = p_ctx = 0.0
         k_pre = INF
-        if self.prefill:
-            chunk = max(s.max_tokens - b, 64.0)
-            p = min(chunk, self.p_total)
-            k_pre = math.ceil(self.prefill[0].pre_left / chunk - 1e-9)
+        chunk = max(s.max_tokens - b, 64.0)
+        if s.chunked and backlog > 0.0:
+            p = min(chunk, backlog)
+            k_pre = math.ceil(head / p - 1e-9)
             p_ctx = 0.5 * self.prefill[0].inp
+        if p >= chunk:
+            release = INF  # compute-bound: members arriving meanwhile only queue
+        if b <= 0 and p <= 0:  # idle until the next member (or request) arrives
+            nxt = min(release, t_end, self.pending[0].arrival if self.pending else INF)
+            self._account(nxt - self.now, 0.0)
+            self.now = max(nxt, self.now)
+            return
         t = step_time(s.coef, b, ctx, p, p_ctx) * self._factor()
         k = k_pre
         if b > 0:
             k = min(k, self._k_decode(), self._k_kv())
-        k = min(k, self._k_time(t, t_end))
+        k = min(k, self._k_time(t, min(t_end, release)))
         k = max(1, int(k))
         self._advance(k, t, b, p)
-        if self.prefill:
-            self._consume_prefill(k * p)
+        if p > 0:
+            self._consume_prefill(k * p, self.now - k * t, t, p)
         self._finish_decodes()
 
     def _k_decode(self) -> float:
@@ -326,6 +400,7 @@ class Replica:
         return max(1.0, math.floor(room / self.w_dec)) if self.w_dec > 0 else INF
 
     def _k_time(self, t: float, t_end: float) -> float:
+        """Passes until ``t_end``, the next arrival or a feeder top-up."""
         nxt = t_end
         if self.pending and not self.waiting:
             nxt = min(nxt, self.pending[0].arrival)
@@ -355,44 +430,78 @@ class Replica:
         st.busy_wait += dt * self.w_wait
         st.busy_kv += dt * min(self.kv_used / self.s.kv_cap, 1.0) if self.s.kv_cap > 0 else 0.0
 
-    def _prefill_pass(self) -> None:
-        """Without chunked prefill: one pass over the admitted prompts; decodes stall."""
-        p = sum(r.pre_left for r in self.prefill)
+    def _prefill_pass(self, backlog: float) -> None:
+        """Without chunked prefill: one pass over the arrived prompts; decodes stall."""
+        p = backlog
         p_ctx = 0.5 * sum(r.inp for r in self.prefill) / len(self.prefill)
         t = step_time(self.s.coef, 0.0, 0.0, p, p_ctx) * self._factor()
         self._account(t, self.w_dec)
         self.stats.prompt_tokens += p
         self.now += t
-        self._consume_prefill(p)
+        self._consume_prefill(p, self.now - t, t, p)
 
-    def _consume_prefill(self, tokens: float) -> None:
-        while self.prefill and tokens > 1e-9:
-            r = self.prefill[0]
-            used = min(tokens, r.pre_left)
+    def _consume_prefill(self, tokens: float, t0: float, t: float, p: float) -> None:
+        """Spend ``tokens`` of prefill, begun at ``t0`` in passes of ``t`` s and ``p``
+        tokens, on the groups in arrival order, each up to what had arrived by ``t0``."""
+        pos = 0.0
+        finished: list[Req] = []
+        for r in self.prefill:
+            if tokens - pos <= 1e-9:
+                break
+            if finished:  # the group before it is done: it heads the queue from now
+                r.pre_start = max(r.pre_start, self.now)
+            done = r.pre_tot - r.pre_left
+            used = min(tokens - pos, r.released(t0) - done)
+            if used <= 1e-9:
+                continue
+            if r.paced:
+                self._time_members(r, done, done + used, pos, t0, t, p)
             r.pre_left -= used
             self.p_total -= used
-            tokens -= used
-            if r.pre_left > 1e-6:
-                return
-            self.prefill.popleft()
-            if self.prefill:
-                self.prefill[0].pre_start = max(self.prefill[0].pre_start, self.now)
+            pos += used
+            if r.pre_left <= 1e-6:
+                finished.append(r)
+        if not finished:
+            return
+        gone = {id(r) for r in finished}
+        self.prefill = deque(r for r in self.prefill if id(r) not in gone)
+        if self.prefill:
+            self.prefill[0].pre_start = max(self.prefill[0].pre_start, self.now)
+        for r in finished:
             self.w_pre -= r.w
             self.kv_pre -= r.w * (r.inp + r.gen + 1)
-            if self.w_pre <= 1e-9:
-                self.w_pre = self.kv_pre = self.p_total = 0.0
+        if self.w_pre <= 1e-9:
+            self.w_pre = self.kv_pre = self.p_total = 0.0
+        for r in finished:
             self._start_decode(r)
+
+    @staticmethod
+    def _time_members(r: Req, c0: float, c1: float, pos: float, t0: float, t: float,
+                      p: float) -> None:
+        """First-token times of the members whose prompt ends between ``c0`` and ``c1``
+        of the group's prefill: the end of the pass that computes a member's last token."""
+        while len(r.done_t) < r.n and r.cum[len(r.done_t)] * r.pre_tot <= c1 + 1e-6:
+            # its last token's place in this segment's prefill
+            q = pos + r.cum[len(r.done_t)] * r.pre_tot - c0
+            r.done_t.append(t0 + max(1, math.ceil(q / p - 1e-9)) * t)
 
     def _start_decode(self, r: Req) -> None:
         """A prefill ends with the request's next token; decode the rest."""
         st = self.stats
         if r.first < 0:
-            # A group of w thinned requests stands for w arrivals spread over time, each
-            # prefilling only its own prompt: its members' first token comes after 1/w of
-            # the group's prefill time, not after all of it.
-            r.first = r.pre_start + (self.now - r.pre_start) / max(r.w, 1.0)
-            # ... and each member decodes right after its own prefill, so the rest of the
-            # group's prefill is not time between its tokens either
+            if r.n > 1:
+                # members' first tokens, each less its own arrival offset; ``first`` is
+                # their mean (``_complete`` reports each member)
+                if r.offs is not None:
+                    r.done_t = [d - o for d, o in zip(r.done_t, r.offs, strict=True)]
+                r.first = sum(r.done_t) / r.n
+            else:
+                # a group with no spread (a batch feed's backlog, a saturating burst)
+                # keeps the older rule: a member's first token comes after 1/w of the
+                # group's prefill time, not after all of it
+                r.first = r.pre_start + (self.now - r.pre_start) / max(r.w, 1.0)
+            # each member decodes right after its own prefill, so the rest of the group's
+            # prefill is not time between its tokens
             r.lag = self.now - r.first
         r.gen += 1
         st.gen_tokens += r.w
@@ -425,9 +534,15 @@ class Replica:
     def _complete(self, r: Req) -> None:
         if self.s.reserve_full:
             self.kv_full = max(self.kv_full - r.w * (r.inp + r.out), 0.0)
-        ttft = r.first - r.arrival + r.net + self.s.ttft_overhead
+        extra = r.net + self.s.ttft_overhead - r.arrival
         tpot = (self.now - r.first - r.lag) / (r.out - 1) if r.out > 1 else 0.0
-        self.stats.done.append(Completion(r.job, r.w, ttft, tpot, r.out, self.now))
+        if r.n > 1 and len(r.done_t) == r.n:   # a spread group: each member's own TTFT
+            w = r.w / r.n
+            self.stats.done.extend(Completion(r.job, w, d + extra, tpot, r.out, self.now)
+                                   for d in r.done_t)
+        else:
+            self.stats.done.append(Completion(r.job, r.w, r.first + extra, tpot, r.out,
+                                              self.now))
 
     def _drop(self, r: Req, reason: str) -> None:
         self.w_wait -= r.w

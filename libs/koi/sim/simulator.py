@@ -2,11 +2,12 @@
 
 ``Simulator`` owns the clock. Each tick a policy reads ``snapshot()``, returns a
 ``PlanDecision`` that ``apply`` validates and carries out, and ``advance`` runs one tick:
-online arrivals (thinned by the sample fraction, each kept request weighted 1/f) are
-routed least-loaded to the job's serving replicas or wait (up to a timeout) in the job's
-queue; batch backlogs are fed to their replicas as fast as they absorb them; every
-replica runs its continuous-batching engine; the fleet handles start-ups, drains,
-swaps, preemptions and stock-outs. ``record`` returns the ``RunRecord``.
+online arrivals (systematically thinned to the sample fraction, each kept request
+weighted 1/f) are routed least-loaded to the job's serving replicas or wait (up to a
+timeout) in the job's queue; a kept request's members are spread over the time that
+replica would see them arrive. Batch backlogs are fed to their replicas as fast as they
+absorb them; every replica runs its continuous-batching engine; the fleet handles
+start-ups, drains, swaps, preemptions and stock-outs. ``record`` returns the ``RunRecord``.
 
 Randomness comes only from numpy Generators seeded by (seed, stream); there is no wall
 clock. The simulator is the world: it must never import ``koi.predictor``.
@@ -36,7 +37,7 @@ from koi.sim.fleet import Dep, Fleet, Slot
 from koi.sim.jobstate import QUEUE_TIMEOUT_S, JobState
 from koi.sim.replica import Req
 from koi.sim.telemetry import build_telemetry
-from koi.sim.thinning import auto_sample_fraction
+from koi.sim.thinning import auto_sample_fraction, member_offsets
 from koi.sim.world import WorldParams, load_world
 from koi.space import DeploymentConfig
 
@@ -171,6 +172,7 @@ class Simulator:
             return
         loads = [s.engine.outstanding for _, s in slots]
         first_ready = min(s.ready_at for _, s in slots)
+        groups: list[list[Req]] = [[] for _ in slots]   # thinned groups to spread, per slot
         for r in todo:
             t = max(r.arrival, t0)
             best, best_load = -1, 0.0
@@ -185,6 +187,23 @@ class Simulator:
             loads[best] += r.w
             r.net = dep.net_s
             slot.engine.add_arrival(r)
+            if r.n > 1 and r.offs is None:
+                groups[best].append(r)
+        self._spread(js, groups, t0, t1)
+
+    @staticmethod
+    def _spread(js: JobState, groups: list[list[Req]], t0: float, t1: float) -> None:
+        """Spread each thinned group's members from its arrival to the next group's on the
+        same replica (the last one's over the mean interval), as the real requests the
+        groups stand for would have reached that replica; see ``member_offsets``."""
+        spec = js.spec
+        assert isinstance(spec, OnlineJob)
+        rate = spec.arrival.rate_at(0.5 * (t0 + t1), spec.submit_s)
+        gap = len(groups) / rate if rate > 0.0 else 0.0   # between a replica's requests
+        for mine in groups:
+            for i, r in enumerate(mine):
+                span = mine[i + 1].arrival - r.arrival if i + 1 < len(mine) else r.w * gap
+                r.spread(member_offsets(js.rng, r.n, span))
 
     def _run_replicas(self, t1: float) -> list[tuple[Dep, JobState, list]]:
         out = []

@@ -5,7 +5,7 @@ near ``TARGET_REQUESTS`` simulated requests; each kept request then carries weig
 ``thinning_error`` runs a scenario at f = 1 and at the automatic fraction and reports the
 median absolute difference of per-job SLO attainment and throughput, so the benchmark can
 state the error thinning adds; ``burst_probe`` shows, on one replica, what a group of w
-requests arriving together does to latency (``koi bench thinning``). No fleet logic
+requests does to latency (``koi bench thinning``). No fleet logic
 here; no ``koi.predictor``.
 """
 
@@ -27,6 +27,22 @@ from koi.space import DeploymentConfig, kv_capacity_tokens
 
 TARGET_REQUESTS = 200_000   # online requests per run; batch groups add ~tens of thousands
 MIN_FRACTION = 0.005
+# A thinned group's members arrive within this many seconds of each other at most, so a
+# low-rate job on many replicas still sees its group served within about a tick.
+MAX_SPREAD_S = 60.0
+
+
+def member_offsets(rng: np.random.Generator, members: int, span: float) -> list[float]:
+    """Arrival offsets of a thinned group's members, the first at 0 and the rest uniform
+    over ``span`` (capped at ``MAX_SPREAD_S``): the Poisson stream, conditioned on its
+    count, that the group stands for on the replica it was routed to.
+
+    With systematically thinned groups (``JobState.arrivals``) and ``span`` the time to the
+    replica's next group, the members tile that replica's time as its real requests
+    would, instead of arriving in bursts of ``w`` (``koi bench thinning``).
+    """
+    rest = np.sort(rng.uniform(0.0, min(max(span, 0.0), MAX_SPREAD_S), members - 1))
+    return [0.0, *rest.tolist()]
 
 
 def expected_online_requests(scenario: Scenario) -> float:
@@ -107,11 +123,14 @@ class BurstRow:
 def burst_probe(config: DeploymentConfig, *, rate_rps: float, input_len: LengthDist,
                 output_len: LengthDist, weights: Sequence[float] = (1.0, 6.0, 36.0),
                 prefix_hit: float = 0.0, requests: int = 2000, seed: int = 0,
-                catalog: Catalog | None = None) -> list[BurstRow]:
+                spread: bool = True, catalog: Catalog | None = None) -> list[BurstRow]:
     """What thinning does to one replica: the same offered load, simulated as single
-    requests (``weight`` 1) and as groups of ``weight`` requests arriving together (as a
-    thinned run simulates them). Noise off; the first tenth of completions is warm-up.
-    Weighted means; p95s over the simulated (unweighted) completions."""
+    requests (``weight`` 1) and as groups of ``weight`` requests as a thinned run
+    simulates them: every w-th arrival with its members spread up to the next kept one
+    (``spread``), or, with ``spread=False``, each arrival kept with probability
+    1/w and its group arriving all at once (the simulator before 2026-11-30). Noise off;
+    the first tenth of completions is warm-up. Weighted means; p95s over the simulated
+    (unweighted) completions."""
     from koi.sim.physics import step_coef  # physics imports the world; keep this module light
     from koi.sim.replica import Replica, ReplicaSpec, Req
     from koi.sim.world import load_world
@@ -130,10 +149,23 @@ def burst_probe(config: DeploymentConfig, *, rate_rps: float, input_len: LengthD
         rep = Replica(spec, np.random.default_rng(seed), 0.0)
         n = max(int(requests / w), 300)
         rng = np.random.default_rng(seed + 1)
-        times = np.cumsum(rng.exponential(w / rate_rps, n))
-        inp, out = input_len.sample(rng, n), output_len.sample(rng, n)
-        for t, a, b in zip(times, inp, out, strict=True):
-            rep.add_arrival(Req(0, float(t), int(a), int(b), float(w), 0.0))
+        members = round(w)
+        if spread:  # every w-th arrival of the Poisson stream, its members spread out
+            times = np.cumsum(rng.gamma(w, 1.0 / rate_rps, n))
+        else:       # each arrival kept with probability 1/w, arriving all at once
+            times = np.cumsum(rng.exponential(w / rate_rps, n))
+        prompts = input_len.sample(rng, n * members).reshape(n, members)
+        outs = output_len.sample(rng, n * members).reshape(n, members)
+        if not spread:  # one request's lengths stand for the group
+            prompts, outs = prompts[:, :1], outs[:, :1]
+        spans = np.diff(times, append=times[-1] + w / rate_rps)
+        for t, a, b, span in zip(times, prompts.tolist(), outs.tolist(), spans, strict=True):
+            r = Req(0, float(t), round(sum(a) / len(a)), max(round(sum(b) / len(b)), 1),
+                    float(w), 0.0)
+            if len(a) > 1:  # as JobState.arrivals and Simulator._spread make them
+                r.members(a)
+                r.spread(member_offsets(rng, members, float(span)))
+            rep.add_arrival(r)
         rep.run_until(float(times[-1]) + 3600.0)
         done = rep.take_stats().done[n // 10:]
         wt = np.array([c.w for c in done])
