@@ -362,3 +362,22 @@ def test_systematic_thinning_keeps_one_request_in_w_with_its_members() -> None:
         assert all(r.cum == sorted(r.cum) and r.cum[0] > 0.0 for r in kept)
     assert thin.offered == pytest.approx(full.offered, abs=8.0)
     assert thin.offered_tokens == pytest.approx(full.offered_tokens, rel=0.05)
+
+
+def test_a_preempted_spread_group_keeps_its_members_first_tokens() -> None:
+    """KV overflow preempts decoding groups; a spread group recomputes its prompt but its
+    members' first tokens were already out, so each member is still reported with its
+    own TTFT."""
+    from koi.sim.physics import step_coef
+    cfg = _cfg()
+    coef = step_coef(cfg, CAT, load_world())
+    rep = Replica(ReplicaSpec(coef, 60_000, 1024, 8192, True), np.random.default_rng(0), 0.0)
+    for k in range(6):   # six groups of 4 x 2,000-token prompts, 2,000 tokens out each
+        r = Req(0, 0.1 * k, 2000, 2000, 4.0, 0.0)
+        r.members([1500, 2500, 2000, 2000])
+        r.spread([0.0, 0.01, 0.02, 0.03])
+        rep.add_arrival(r)
+    rep.run_until(3600.0)
+    st = rep.take_stats()
+    assert st.preemptions > 0 and rep.empty
+    assert len(st.done) == 24 and sum(c.w for c in st.done) == pytest.approx(24.0)

@@ -12,12 +12,13 @@ global pass counter ``G`` plus running sums give every sequence's context in O(1
 
 A simulated request carries a weight ``w`` (thinned simulation: it stands for ``w``
 identical requests), and the batch and KV load it exerts are multiplied by ``w``. An
-online group also carries its members' arrival offsets (``Req.spread``): its prompt is
-released to prefill one member at a time as they arrive, not all at once; each member's
-first token is timed when its own prompt is done, and the group's TTFT is its members'
-mean. (Without that, a group's whole prompt lands in one burst and every request behind
-it waits for all of it: ``koi bench thinning`` shows the size of that artefact.) The
-group still decodes as one once its last member is prefilled.
+online group also carries its members' prompt lengths and arrival offsets
+(``Req.members``, ``Req.spread``): its prompt is released to prefill one member at a time
+as they arrive, not all at once, and each member's first token is timed when its own
+prompt is done and reported as its own completion. (Without that, a group's whole prompt
+lands in one burst and every request behind it waits for all of it: ``koi bench
+thinning`` shows the size of that artefact.) The group still decodes as one once its
+last member is prefilled.
 No routing, fleet or cost logic here, and no ``koi.predictor`` imports.
 """
 
@@ -291,7 +292,8 @@ class Replica:
             self.waiting.popleft()
             self.w_wait -= r.w
             r.pre_left = r.pre_tot = toks
-            r.done_t = []
+            if r.first < 0:   # a recompute keeps its members' first tokens
+                r.done_t = []
             self.p_total += toks
             r.pre_start = self.now
             self.prefill.append(r)
