@@ -183,3 +183,25 @@ def test_bad_input_names_the_field():
                              capacity={H100: 1}))
     with pytest.raises(InvalidSpecError, match="priority"):
         online("a", 1, priority=10)
+
+
+def test_an_online_job_is_not_moved_onto_too_little_capacity():
+    """Short of its demand an online deployment's queue grows without bound, so a new
+    online candidate must cover the demand: the job goes to the offering that can carry
+    all of it even at a higher price, or waits; a running deployment may stay short
+    when nothing better fits (stopping it would serve no one)."""
+    cheap_small = cand("a", "l4", L4, usd=1.0)          # 4 free: 4,000 of 5,000 tok/s
+    dear_big = cand("a", "h100", H100, usd=4.0)         # 8 free: all of it
+    plan = run([online("a", 5000)], [cheap_small, dear_big], {L4: 4, H100: 8})
+    c = plan.choice("a")
+    assert (c.decision, c.candidate_id, c.replicas) == (Decision.PLACE, "h100", 5)
+    plan = run([online("a", 5000)], [cheap_small], {L4: 4})
+    assert plan.choice("a").decision == Decision.DEFER
+    running = cand("a", "l4", L4, usd=1.0, is_current=True)
+    plan = run([online("a", 5000)], [running], {L4: 4})
+    c = plan.choice("a")
+    assert (c.decision, c.replicas) == (Decision.PLACE, 4) and "under-provisioned" in c.reason
+    # a batch job may run short: its work waits, it is not lost
+    job = JobDemand.batch("nightly", remaining_tokens=18e6, time_left_s=3600)  # 5k tok/s
+    plan = run([job], [cand("nightly", "l4", L4, usd=1.0)], {L4: 4})
+    assert plan.choice("nightly").replicas == 4

@@ -101,11 +101,17 @@ def build_problem(inp: ComposeInput) -> Problem:
 
     min_r = np.array([max(1, j.min_replicas) for j in jobs], dtype=np.int64)
     max_r = np.array([j.max_replicas for j in jobs], dtype=np.int64)
-    lo = min_r[job_of]
     fit_r = free[off_of] // gpr
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         need = np.where(cap > 0, np.ceil(demand[job_of] / cap - EPS), 0.0)
     need = np.minimum(need, float(max_r.max(initial=1))).astype(np.int64)
+    # An online deployment short of its demand does not serve the rest of it worse: its
+    # queue grows without bound and nearly every request misses the SLO. So a new online
+    # candidate must cover the demand (up to the job's max replicas); the current one may
+    # stay short when capacity is missing, since stopping it would serve no one.
+    lo = min_r[job_of]
+    cover = kind_online[job_of] & ~table.is_current
+    lo = np.where(cover, np.maximum(lo, np.minimum(need, max_r[job_of])), lo)
     hi = np.minimum(np.minimum(max_r[job_of], fit_r), np.maximum(lo, need))
     fits = table.feasible_slo & (fit_r >= lo) & (lo <= max_r[job_of])
     net = a * cap - cost
