@@ -176,21 +176,17 @@ class JobState:
 
 
 def _group_means(lengths: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    """Each kept request's length as the mean over the requests it stands for (itself and
-    those up to the next kept one; the window's last group counts only its own window):
-    the group's work then varies as the sum of its members' would, not ``w`` times one
-    member's. Requests before the first kept one belong to the previous window's group."""
-    idx = np.flatnonzero(keep)
-    if idx.size == 0:
-        return lengths[:0]
-    sums = np.add.reduceat(lengths.astype(np.float64), idx)
-    counts = np.diff(np.append(idx, lengths.size))
-    return np.maximum(np.rint(sums / counts), 1).astype(lengths.dtype)
+    """Each kept request's length as the mean over the requests it stands for (``_groups``,
+    the window's last group only its own window's): the group's work then varies as the
+    sum of its members' would, not ``w`` times one member's."""
+    return np.array([max(round(sum(m) / len(m)), 1) for m in _groups(lengths, keep, 1)],
+                    dtype=lengths.dtype)
 
 
 def _groups(lengths: np.ndarray, keep: np.ndarray, size: int) -> list[list[int]]:
     """The lengths of the requests each kept one stands for (itself and those up to the
-    next kept one), ``size`` of them: the window's last group, cut short by the window's
+    next kept one; requests before the first kept one belong to the previous window's
+    group), at least ``size`` of them: the window's last group, cut short by the window's
     end, repeats its own members to make up the number."""
     idx = np.flatnonzero(keep)
     out = []
