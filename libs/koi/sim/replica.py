@@ -175,7 +175,6 @@ class Replica:
         self.a_sum = 0.0                     # Σ w·(inp + gen0 − g0) over decoding
         self.w_pre = 0.0
         self.kv_pre = 0.0                    # KV reserved by prefilling requests
-        self.p_total = 0.0                   # weighted prefill tokens still to compute
         self.kv_full = 0.0                   # whole-sequence KV reserved (reserve_full)
         self.w_wait = 0.0
         self.seq = 0
@@ -231,7 +230,7 @@ class Replica:
         self.prefill.clear()
         self.heap.clear()
         self.order.clear()
-        self.w_dec = self.a_sum = self.w_pre = self.kv_pre = self.p_total = 0.0
+        self.w_dec = self.a_sum = self.w_pre = self.kv_pre = 0.0
         self.kv_full = 0.0
         for r in out:
             r.pre_left = 0.0
@@ -294,7 +293,6 @@ class Replica:
             r.pre_left = r.pre_tot = toks
             if r.first < 0:   # a recompute keeps its members' first tokens
                 r.done_t = []
-            self.p_total += toks
             r.pre_start = self.now
             self.prefill.append(r)
             self.w_pre += r.w
@@ -459,7 +457,6 @@ class Replica:
             if r.paced:
                 self._time_members(r, done, done + used, pos, t0, t, p)
             r.pre_left -= used
-            self.p_total -= used
             pos += used
             if r.pre_left <= 1e-6:
                 finished.append(r)
@@ -473,7 +470,7 @@ class Replica:
             self.w_pre -= r.w
             self.kv_pre -= r.w * (r.inp + r.gen + 1)
         if self.w_pre <= 1e-9:
-            self.w_pre = self.kv_pre = self.p_total = 0.0
+            self.w_pre = self.kv_pre = 0.0
         for r in finished:
             self._start_decode(r)
 
