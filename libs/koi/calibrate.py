@@ -11,15 +11,6 @@ The robust prediction is the worst case inside the radius: latencies × e^r, thr
 as residuals shrink the radius shrinks within a window, and after a world shift it
 grows as soon as more than 1 − q of the window is new.
 
-Residuals may carry a group (the planner passes the job): Mondrian conformal prediction
-then keeps a window per (group, outcome) as well, and ``radius(outcome, group)`` is the
-group's own conformal quantile once it has enough residuals for the rank (else the
-pooled one). Coverage then holds per group, not only on average, so a job whose
-predictions are steady is not widened by another's volatility, and a volatile one gets
-the margin it needs. ``realised_coverage`` scores each residual against the radius its
-group had, i.e. the margin the planner actually applied. A group not updated for
-``group_ttl`` ticks is forgotten (jobs end).
-
 Immutable (``update`` returns the next calibrator); no I/O; the tick is passed in.
 """
 
@@ -28,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -80,69 +71,42 @@ class DroCalibrator:
     version: int = 0
     residuals: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     hits: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # 1 = was covered
-    group_window: int = 60       # residuals kept per (group, outcome)
-    group_ttl: int = 120         # ticks without a residual before a group is forgotten
-    # group → outcome → residuals, and group → tick of its last residual
-    group_residuals: Mapping[str, Mapping[str, tuple[float, ...]]] = field(
-        default_factory=dict)
-    group_seen: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.coverage < 1.0:
             raise ValueError("coverage must be in (0, 1)")
-        if self.window < 1 or self.group_window < 1:
-            raise ValueError("window and group_window must be ≥ 1")
+        if self.window < 1:
+            raise ValueError("window must be ≥ 1")
 
-    def radius(self, outcome: str, group: str = "") -> float:
-        """DRO radius (log space) of ``outcome`` now: the group's own conformal quantile
-        when it has enough residuals for the rank, else the pooled one."""
+    def radius(self, outcome: str) -> float:
+        """DRO radius (log space) of ``outcome`` now."""
         self._known(outcome)
-        own = self.group_residuals.get(group, {}).get(outcome, ()) if group else ()
-        if len(own) >= _min_count(self.coverage):
-            return conformal_radius((abs(r) for r in own), self.coverage, self.prior_radius)
         return conformal_radius((abs(r) for r in self.residuals.get(outcome, ())),
                                 self.coverage, self.prior_radius)
 
-    def radii(self, group: str = "") -> dict[str, float]:
-        return {o: self.radius(o, group) for o in self.outcomes}
+    def radii(self) -> dict[str, float]:
+        return {o: self.radius(o) for o in self.outcomes}
 
-    def update(self, batch: Iterable[Mapping[str, float]], tick: int,
-               groups: Sequence[str] | None = None) -> DroCalibrator:
-        """Add one tick's residual dicts (outcome → log residual; unknown keys ignored),
-        each of the group at the same position of ``groups`` ("" or None: no group).
+    def update(self, batch: Iterable[Mapping[str, float]], tick: int) -> DroCalibrator:
+        """Add one tick's residual dicts (outcome → log residual; unknown keys ignored).
 
-        Every residual of the tick is scored against its group's radius before the tick.
+        Every residual of the tick is scored against the radius before the tick.
         """
         if tick < self.tick:
             raise ValueError(f"tick {tick} is before the calibrator's tick {self.tick}")
-        items = list(batch)
-        keys = list(groups) if groups is not None else [""] * len(items)
-        if len(keys) != len(items):
-            raise ValueError(f"{len(keys)} groups for {len(items)} residual dicts")
-        before = {g: self.radii(g) for g in set(keys)}
+        before = self.radii()
         res = {o: list(self.residuals.get(o, ())) for o in self.outcomes}
         hits = {o: list(self.hits.get(o, ())) for o in self.outcomes}
-        grouped = {g: {o: list(v) for o, v in rs.items()}
-                   for g, rs in self.group_residuals.items()
-                   if tick - self.group_seen.get(g, tick) <= self.group_ttl}
-        seen = {g: t for g, t in self.group_seen.items() if g in grouped}
-        for item, g in zip(items, keys, strict=True):
+        for item in batch:
             for o in self.outcomes:
                 r = item.get(o)
                 if r is None or not math.isfinite(r):
                     continue
-                hits[o].append(int(abs(r) <= before[g][o]))
+                hits[o].append(int(abs(r) <= before[o]))
                 res[o].append(float(r))
-                if g:
-                    grouped.setdefault(g, {}).setdefault(o, []).append(float(r))
-                    seen[g] = tick
         return replace(self, tick=tick, version=self.version + 1,
                        residuals={o: tuple(v[-self.window:]) for o, v in res.items() if v},
-                       hits={o: tuple(v[-self.window:]) for o, v in hits.items() if v},
-                       group_residuals={g: {o: tuple(v[-self.group_window:])
-                                            for o, v in rs.items()}
-                                        for g, rs in grouped.items()},
-                       group_seen=seen)
+                       hits={o: tuple(v[-self.window:]) for o, v in hits.items() if v})
 
     def realised_coverage(self, outcome: str) -> float:
         """Share of the last ``window`` residuals that fell inside the radius in force
@@ -151,14 +115,14 @@ class DroCalibrator:
         h = self.hits.get(outcome, ())
         return sum(h) / len(h) if h else float("nan")
 
-    def robust(self, outcome: str, predicted: float, group: str = "") -> float:
+    def robust(self, outcome: str, predicted: float) -> float:
         """Worst case inside the radius: latency × e^r, throughput × e^−r."""
-        r = self.radius(outcome, group)
+        r = self.radius(outcome)
         return predicted * math.exp(-r if outcome in HIGHER_BETTER else r)
 
-    def robust_prediction(self, prediction: Prediction, group: str = "") -> Prediction:
+    def robust_prediction(self, prediction: Prediction) -> Prediction:
         """``prediction`` (already belief-corrected) at its worst case inside the radii."""
-        return widen(prediction, self.radii(group))
+        return widen(prediction, {o: self.radius(o) for o in self.outcomes})
 
     def _known(self, outcome: str) -> None:
         if outcome not in self.outcomes:
@@ -175,22 +139,8 @@ class DroCalibrator:
         doc = json.loads(zlib.decompress(data))
         if doc.pop("format", None) != FORMAT:
             raise ValueError(f"not a {FORMAT} document")
-        defaults = DroCalibrator()  # documents from before group calibration lack these
         return DroCalibrator(
             coverage=doc["coverage"], window=doc["window"], prior_radius=doc["prior_radius"],
             outcomes=tuple(doc["outcomes"]), tick=doc["tick"], version=doc["version"],
             residuals={k: tuple(v) for k, v in doc["residuals"].items()},
-            hits={k: tuple(v) for k, v in doc["hits"].items()},
-            group_window=doc.get("group_window", defaults.group_window),
-            group_ttl=doc.get("group_ttl", defaults.group_ttl),
-            group_residuals={g: {o: tuple(v) for o, v in rs.items()}
-                             for g, rs in doc.get("group_residuals", {}).items()},
-            group_seen=dict(doc.get("group_seen", {})))
-
-
-def _min_count(coverage: float) -> int:
-    """Fewest residuals whose conformal rank ⌈(n+1)·q⌉ is ≤ n."""
-    n = 1
-    while math.ceil(round((n + 1) * coverage, 9)) > n:
-        n += 1
-    return n
+            hits={k: tuple(v) for k, v in doc["hits"].items()})

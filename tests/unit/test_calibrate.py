@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import math
-import zlib
 
 import numpy as np
 import pytest
@@ -79,49 +77,3 @@ def test_guards_and_round_trip() -> None:
         DroCalibrator(coverage=1.0)
     ignored = cal.update([{"tpot": float("nan"), "other": 1.0}], 3)
     assert ignored.residuals == cal.residuals
-
-
-def test_each_group_gets_its_own_radius_and_coverage_holds() -> None:
-    # a steady job (σ 0.05) and a volatile one (σ 0.5) share the pooled window
-    rng = np.random.default_rng(3)
-    cal = DroCalibrator()
-    for t in range(60):
-        steady, volatile = rng.normal(0.0, 0.05, 5), rng.normal(0.0, 0.5, 5)
-        cal = cal.update([{"ttft": float(r)} for r in (*steady, *volatile)], t,
-                         ["steady"] * 5 + ["volatile"] * 5)
-    assert cal.radius("ttft", "steady") == pytest.approx(1.645 * 0.05, rel=0.3)
-    assert cal.radius("ttft", "volatile") == pytest.approx(1.645 * 0.5, rel=0.3)
-    pooled = cal.radius("ttft")
-    assert cal.radius("ttft", "steady") < pooled < cal.radius("ttft", "volatile")
-    assert cal.radius("ttft", "new-job") == pooled  # no evidence of its own: the pool
-    # each residual was judged against the radius its group had then
-    assert 0.85 <= cal.realised_coverage("ttft") <= 0.95
-    assert cal.radii("steady")["ttft"] == cal.radius("ttft", "steady")
-
-
-def test_a_group_needs_enough_residuals_for_the_conformal_rank() -> None:
-    cal = DroCalibrator().update([{"tpot": 0.3}] * 20, 0)  # pooled: 0.3
-    few = cal.update([{"tpot": 0.01}] * 8, 1, ["j"] * 8)
-    assert few.radius("tpot", "j") == few.radius("tpot")  # 8 < 9 at q = 0.9
-    enough = few.update([{"tpot": 0.01}], 2, ["j"])
-    assert enough.radius("tpot", "j") == pytest.approx(0.01)
-
-
-def test_groups_are_forgotten_after_their_ttl_and_round_trip() -> None:
-    cal = DroCalibrator(group_ttl=5).update([{"tpot": 0.1}] * 10, 0, ["old"] * 10)
-    cal = cal.update([{"tpot": 0.2}], 5, ["new"])
-    assert set(cal.group_residuals) == {"old", "new"}
-    assert DroCalibrator.from_bytes(cal.to_bytes()) == cal
-    cal = cal.update([{"tpot": 0.2}], 6, ["new"])
-    assert set(cal.group_residuals) == {"new"} and set(cal.group_seen) == {"new"}
-    with pytest.raises(ValueError, match="groups for"):
-        cal.update([{"tpot": 0.1}], 7, ["a", "b"])
-
-
-def test_documents_from_before_groups_still_load() -> None:
-    cal = DroCalibrator().update([{"tpot": 0.1}] * 3, 0)
-    doc = json.loads(zlib.decompress(cal.to_bytes()))
-    for key in ("group_window", "group_ttl", "group_residuals", "group_seen"):
-        doc.pop(key)
-    old = zlib.compress(json.dumps(doc).encode())
-    assert DroCalibrator.from_bytes(old) == cal

@@ -2,8 +2,7 @@
 
 Runs a Koi-family policy through a scenario and collects what each tick's report says:
 the median |log(observed / corrected prediction)| of TTFT, TPOT and throughput, the DRO
-radius per outcome (pooled, and the median of the radii the online jobs are tightened
-by) and its realised coverage, and the playbook's active / applicable /
+radius per outcome and its realised coverage, and the playbook's active / applicable /
 cumulative mechanism counts. ``summary`` compares the first and last third of the run;
 ``plot`` draws the curves. Also used by ``koi explain`` to replay a run to a tick.
 """
@@ -70,7 +69,6 @@ def series(run: LearningRun) -> dict[str, np.ndarray]:
         out[f"abs_error_{o}"] = np.array([x.abs_error.get(o, math.nan) for x in r])
     for o in ("ttft_p95", "tpot_p95", "throughput"):
         out[f"radius_{o}"] = np.array([x.radii.get(o, math.nan) for x in r])
-        out[f"job_radius_{o}"] = np.array([x.job_radii.get(o, math.nan) for x in r])
     for o in ("ttft_p95", "tpot_p95"):
         out[f"coverage_{o}"] = np.array([x.coverage.get(o, math.nan) for x in r])
     out["mechanisms_active"] = np.array([x.mechanisms_active for x in r], dtype=float)
@@ -86,7 +84,7 @@ def summary(run: LearningRun) -> dict[str, float]:
     n = len(s["tick"])
     first, last = slice(0, max(n // 3, 1)), slice(2 * n // 3, n)
     out: dict[str, float] = {}
-    for key in [k for k in s if k.startswith(("abs_error_", "radius_", "job_radius_"))]:
+    for key in [k for k in s if k.startswith(("abs_error_", "radius_"))]:
         out[f"{key}_first"] = _nanmedian(s[key][first])
         out[f"{key}_last"] = _nanmedian(s[key][last])
     for key in ("coverage_ttft_p95", "coverage_tpot_p95"):
@@ -133,10 +131,8 @@ def plot(run: LearningRun, path: Path) -> None:
     axes[0].set_ylabel("median |log(obs/pred)|")
     axes[0].set_title(f"{run.policy} on {run.scenario} (seed {run.seed}): prediction error")
     axes[0].legend()
-    for o, color in (("ttft_p95", "C0"), ("tpot_p95", "C1"), ("throughput", "C2")):
-        axes[1].plot(s["tick"], s[f"radius_{o}"], color=color, lw=1, label=f"radius {o}")
-        axes[1].plot(s["tick"], s[f"job_radius_{o}"], color=color, lw=1, ls=":",
-                     label=f"{o}, median job")
+    for o in ("ttft_p95", "tpot_p95", "throughput"):
+        axes[1].plot(s["tick"], s[f"radius_{o}"], label=f"radius {o}", lw=1)
     ax2 = axes[1].twinx()
     for o in ("ttft_p95", "tpot_p95"):
         ax2.plot(s["tick"], s[f"coverage_{o}"], ls="--", lw=1, label=f"coverage {o}")

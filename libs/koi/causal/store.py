@@ -8,15 +8,6 @@ off from the most specific scope with enough support (``lookup``); ``correction`
 the multipliers the evaluator applies to a raw prediction. ``to_bytes``/``from_bytes``
 round-trip the whole state losslessly (sorted-key JSON, zlib).
 
-Workload beliefs sit under the scoped ones: per (job, outcome) a Normal posterior over
-what the job's deployments leave *after* the scoped correction — what the workload's
-context (its length spread, burstiness, prefix share; DESIGN §6's context nodes, which no
-scope dimension carries) does to that outcome. They cover the p95s too, so a job whose
-tail is longer than its mean implies learns its own tail ratio instead of leaving it to
-the DRO radius. They are learnt after the scoped beliefs of the same tick (from the
-residual against the *updated* scope correction), so the two never count the same
-evidence twice: a scope holds what its jobs share, a job what is its own.
-
 No I/O and no clock: the tick is passed in.
 """
 
@@ -25,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -34,7 +25,6 @@ from koi.causal.graph import BELIEF_EDGES, LEARNT_OUTCOMES, Edge
 from koi.causal.mechanisms import Mechanism, evaluate
 from koi.causal.observe import (
     GRAPH_OUTCOME,
-    OUTCOME_FIELDS,
     OutcomeObservation,
     Regimes,
     attribute,
@@ -45,8 +35,6 @@ from koi.predictor.types import Prediction
 
 FORMAT = "koi.causal/1"
 LOOKUP_MIN_SUPPORT = 3  # observations a scope needs before a lookup trusts it
-WORKLOAD_OUTCOMES: tuple[str, ...] = tuple(OUTCOME_FIELDS)  # means, p95s and throughput
-WORKLOAD_EDGE = "workload"  # the parent named in a workload belief's edge (context nodes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +58,6 @@ class BeliefStore:
     beliefs: Mapping[tuple[Edge, Scope], Belief] = field(default_factory=dict)
     cliffs: Mapping[Scope, ThresholdBelief] = field(default_factory=dict)
     mechanisms: Mapping[str, Mechanism] = field(default_factory=dict)
-    # (job id, outcome) → what the job leaves after the scoped correction (module doc)
-    workload: Mapping[tuple[str, str], Belief] = field(default_factory=dict)
 
     # --- learning ---------------------------------------------------------------------
 
@@ -86,8 +72,7 @@ class BeliefStore:
         # depend on message arrival order; each belief is then rebuilt once.
         evidence: dict[tuple[Edge, Scope], list[tuple[float, float, float, str]]] = {}
         kv_evidence: dict[Scope, list[tuple[float, float, float]]] = {}
-        observations = sorted(observations, key=_order)
-        for obs in observations:
+        for obs in sorted(observations, key=_order):
             w = cfg.obs_weight(obs.weight)
             if w <= 0.0:
                 continue
@@ -112,33 +97,8 @@ class BeliefStore:
             c = cliffs.get(scope) or ThresholdBelief(scope=scope, as_of=tick)
             cliffs[scope] = c.observe_many(kv_items, tick)
         mechanisms = evaluate(beliefs.values(), self.mechanisms, tick, cfg, self.regimes)
-        scoped = replace(self, tick=tick, version=self.version + 1, beliefs=beliefs,
-                         cliffs=cliffs, mechanisms=mechanisms, workload={})
-        return replace(scoped, workload=scoped._workload_update(observations, self.workload,
-                                                                 tick))
-
-    def _workload_update(self, observations: Sequence[OutcomeObservation],
-                         previous: Mapping[tuple[str, str], Belief], tick: int
-                         ) -> dict[tuple[str, str], Belief]:
-        """Workload beliefs after the tick, from residuals against this (already updated)
-        store's scoped correction."""
-        cfg = self.config
-        workload = {k: b.decayed(tick, cfg.decay) for k, b in previous.items()}
-        evidence: dict[tuple[str, str], list[tuple[float, float, float, str]]] = {}
-        for obs in observations:
-            w = cfg.obs_weight(obs.weight)
-            if w <= 0.0:
-                continue
-            mult = self.correction(obs.scope, obs.mediators())
-            for outcome, r in log_residuals(obs).items():
-                graph = GRAPH_OUTCOME[outcome]
-                evidence.setdefault((obs.job_id, outcome), []).append(
-                    (r - math.log(mult[graph]), cfg.noise(graph), w, ""))
-        for (job, outcome), items in evidence.items():
-            b = workload.get((job, outcome)) or Belief.prior(
-                (WORKLOAD_EDGE, outcome), GLOBAL, cfg, tick)
-            workload[(job, outcome)] = b.observe_many(items, tick)
-        return workload
+        return replace(self, tick=tick, version=self.version + 1, beliefs=beliefs,
+                       cliffs=cliffs, mechanisms=mechanisms)
 
     # --- reading ----------------------------------------------------------------------
 
@@ -157,31 +117,20 @@ class BeliefStore:
         return Belief.prior(edge, GLOBAL, self.config, self.tick)
 
     def correction(self, scope: Scope, mediators: Mapping[str, float] | None = None,
-                   min_support: int = LOOKUP_MIN_SUPPORT, job_id: str = ""
-                   ) -> dict[str, float]:
+                   min_support: int = LOOKUP_MIN_SUPPORT) -> dict[str, float]:
         """Multipliers on the raw prediction: ``{"ttft", "tpot", "throughput"}`` →
         exp(posterior mean) of the belief on the edge ``attribute`` picks for these
-        mediators (graph or Prediction names; None = base regime); cost per token scales
-        with 1 / throughput. With ``job_id`` also ``ttft_p95`` and ``tpot_p95``, and every
-        outcome times the job's workload belief once it has ``min_support``
-        observations; without, p95s take their mean's multiplier."""
-        scoped = {o: self.lookup(attribute(o, mediators, self.regimes), scope,
-                                 min_support).multiplier for o in LEARNT_OUTCOMES}
-        if not job_id:
-            return scoped
-        out = {}
-        for outcome in WORKLOAD_OUTCOMES:
-            b = self.workload.get((job_id, outcome))
-            own = b.multiplier if b is not None and b.support >= min_support else 1.0
-            out[outcome] = scoped[GRAPH_OUTCOME[outcome]] * own
-        return out
+        mediators (graph or Prediction names; None = base regime). p95s take their
+        mean's multiplier; cost per token scales with 1 / throughput."""
+        return {o: self.lookup(attribute(o, mediators, self.regimes), scope,
+                               min_support).multiplier for o in LEARNT_OUTCOMES}
 
     def corrected_residuals(self, obs: OutcomeObservation,
                             min_support: int = LOOKUP_MIN_SUPPORT) -> dict[str, float]:
         """log(observed / corrected prediction) per outcome — what calibration sees.
         Call on the store *before* it learns from ``obs``."""
-        mult = self.correction(obs.scope, obs.mediators(), min_support, job_id=obs.job_id)
-        return {o: r - math.log(mult[o]) for o, r in log_residuals(obs).items()}
+        mult = self.correction(obs.scope, obs.mediators(), min_support)
+        return {o: r - math.log(mult[GRAPH_OUTCOME[o]]) for o, r in log_residuals(obs).items()}
 
     def kv_cliff(self, scope: Scope, min_support: int = LOOKUP_MIN_SUPPORT
                  ) -> tuple[float, float] | None:
@@ -232,15 +181,13 @@ def _order(o: OutcomeObservation) -> tuple:
 
 def apply_correction(prediction: Prediction, multipliers: Mapping[str, float]) -> Prediction:
     """``prediction`` with ``correction`` multipliers applied to its outcomes (latency
-    means, percentiles and e2e latency; throughputs and rates; cost per token ∝ 1/tput).
-    p95s take ``ttft_p95``/``tpot_p95`` when given, else their mean's multiplier."""
+    means, percentiles and e2e latency; throughputs and rates; cost per token ∝ 1/tput)."""
     t, p, x = (multipliers.get(k, 1.0) for k in LEARNT_OUTCOMES)
-    t95, p95 = multipliers.get("ttft_p95", t), multipliers.get("tpot_p95", p)
     decode_ms = max(prediction.e2e_latency_s * 1000.0 - prediction.ttft_ms, 0.0)
     return replace(
         prediction, ttft_ms=prediction.ttft_ms * t, ttft_p50_ms=prediction.ttft_p50_ms * t,
-        ttft_p95_ms=prediction.ttft_p95_ms * t95, tpot_ms=prediction.tpot_ms * p,
-        tpot_p50_ms=prediction.tpot_p50_ms * p, tpot_p95_ms=prediction.tpot_p95_ms * p95,
+        ttft_p95_ms=prediction.ttft_p95_ms * t, tpot_ms=prediction.tpot_ms * p,
+        tpot_p50_ms=prediction.tpot_p50_ms * p, tpot_p95_ms=prediction.tpot_p95_ms * p,
         e2e_latency_s=(prediction.ttft_ms * t + decode_ms * p) / 1000.0,
         output_throughput_tok_s=prediction.output_throughput_tok_s * x,
         total_throughput_tok_s=prediction.total_throughput_tok_s * x,
@@ -260,13 +207,10 @@ def _encode(store: BeliefStore) -> dict[str, Any]:
                      for c in store.cliffs.values()), key=lambda row: row[0])
     mechs = sorted(([*m.edge, m.scope.key(), *(getattr(m, n) for n in _MECH_FIELDS)]
                     for m in store.mechanisms.values()), key=lambda row: row[3])
-    workload = sorted([job, outcome, *(getattr(b, n) for n in _BELIEF_FIELDS)]
-                      for (job, outcome), b in store.workload.items())
     return {"format": FORMAT, "tick": store.tick, "version": store.version, "config": cfg,
             "regimes": asdict(store.regimes), "belief_fields": list(_BELIEF_FIELDS),
             "beliefs": beliefs, "cliff_fields": list(_CLIFF_FIELDS), "cliffs": cliffs,
-            "mechanism_fields": list(_MECH_FIELDS), "mechanisms": mechs,
-            "workload": workload}
+            "mechanism_fields": list(_MECH_FIELDS), "mechanisms": mechs}
 
 
 def _tuples(v: Any) -> Any:
@@ -292,13 +236,6 @@ def _decode(doc: dict[str, Any]) -> BeliefStore:
         vals = dict(zip(doc["mechanism_fields"], row[3:], strict=True))
         mechanisms[vals["id"]] = Mechanism(edge=(row[0], row[1]), scope=Scope.from_key(row[2]),
                                            **vals)
-    workload = {}
-    for row in doc.get("workload", []):  # absent in documents from before workload beliefs
-        job, outcome = row[0], row[1]
-        if outcome not in WORKLOAD_OUTCOMES:
-            raise ValueError(f"workload belief on unknown outcome {outcome!r}")
-        vals = {k: _tuples(v) for k, v in zip(doc["belief_fields"], row[2:], strict=True)}
-        workload[(job, outcome)] = Belief(edge=(WORKLOAD_EDGE, outcome), scope=GLOBAL, **vals)
     return BeliefStore(config=cfg, regimes=Regimes(**doc["regimes"]), tick=doc["tick"],
                        version=doc["version"], beliefs=beliefs, cliffs=cliffs,
-                       mechanisms=mechanisms, workload=workload)
+                       mechanisms=mechanisms)

@@ -39,8 +39,7 @@ def job_loads(jobs: Sequence[JobStatus], snapshot: ClusterSnapshot,
         if isinstance(spec, OnlineJob):
             rate = job.observed_rate_rps or spec.arrival.mean_rate()
             out[job.id] = JobLoad(job.id, i_len, o_len, rate * headroom,
-                                  slo_ttft_ms=spec.slo.ttft_ms, slo_tpot_ms=spec.slo.tpot_ms,
-                                  prefix_share=spec.prefix_share)
+                                  slo_ttft_ms=spec.slo.ttft_ms, slo_tpot_ms=spec.slo.tpot_ms)
         else:
             out[job.id] = JobLoad(job.id, i_len, o_len, 0.0, batch=True)
     return out

@@ -26,7 +26,6 @@ from koi.predictor.calibration import Calibration, load_calibration
 from koi.predictor.columns import OUT
 from koi.predictor.features import build_inputs
 from koi.predictor.types import LoadMode, Workload
-from koi.space import DeploymentConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +39,6 @@ class JobLoad:
     slo_ttft_ms: float = 0.0  # p95 targets (0 = none, e.g. batch)
     slo_tpot_ms: float = 0.0
     batch: bool = False
-    prefix_share: float = 0.0   # share of prompt tokens a prefix cache can serve
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,12 +86,6 @@ class Evaluated:
         return Evaluated(proposals=tuple(x for p in parts for x in p.proposals), **arrays)
 
 
-def prefix_hit(prefix_share: float, config: DeploymentConfig) -> float:
-    """Share of prompt tokens a configuration serves from its prefix cache (none without
-    prefix caching; below 1 so that every request prefills something)."""
-    return min(max(prefix_share, 0.0), 0.99) if config.prefix_caching else 0.0
-
-
 def _effective_slo(slo_ms: float, mult: float, radius: float) -> float:
     return slo_ms / (mult * math.exp(radius)) if slo_ms > 0 else 0.0
 
@@ -119,7 +111,7 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
         rate = load.rate_rps if not load.batch and load.rate_rps > 0 else 0.1
         pairs.append((p.config, Workload(
             input_len=max(load.input_len, 1.0), output_len=max(load.output_len, 1.0),
-            mode=LoadMode.RATE, load=rate, prefix_hit=prefix_hit(load.prefix_share, p.config),
+            mode=LoadMode.RATE, load=rate,
             slo_ttft_ms=_effective_slo(load.slo_ttft_ms, r.ttft_mult, r.radius_ttft),
             slo_tpot_ms=_effective_slo(load.slo_tpot_ms, r.tpot_mult, r.radius_tpot))))
     if not pairs:

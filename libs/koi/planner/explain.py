@@ -55,8 +55,7 @@ class Explanation:
                  "in the worst case inside the radius"]
         corrections = ", ".join(f"{o} ×{m:.2f}" for o, m in self.multipliers
                                 if abs(math.log(m)) > 0.01)
-        lines.append(f"  beliefs on {self.scope} and this job's workload: "
-                     f"{corrections or 'prior (no correction)'}")
+        lines.append(f"  beliefs on {self.scope}: {corrections or 'prior (no correction)'}")
         if self.radii:
             lines.append("  DRO radius: " + ", ".join(f"{o} ±{100 * (math.exp(r) - 1):.0f}%"
                                                       for o, r in self.radii))
@@ -68,6 +67,7 @@ class Explanation:
 def explain_choices(plan: ComposePlan, ev: Evaluated, beliefs: BeliefStore,
                     calibrator: DroCalibrator, catalog: Catalog,
                     use_beliefs: bool = True) -> tuple[Explanation, ...]:
+    radii = tuple(sorted(calibrator.radii().items()))
     out = []
     for c in plan.choices:
         if c.candidate_id is None or c.config is None:
@@ -76,7 +76,7 @@ def explain_choices(plan: ComposePlan, ev: Evaluated, beliefs: BeliefStore,
         i = int(str(c.candidate_id).split("@", 1)[0])
         p = ev.proposals[i]
         scope = scope_of(p.config, catalog)
-        mult = beliefs.correction(scope, job_id=c.job_id) if use_beliefs else {}
+        mult = beliefs.correction(scope) if use_beliefs else {}
         mechs = beliefs.applicable_mechanisms([scope]) if use_beliefs else ()
         out.append(Explanation(
             job_id=c.job_id, decision=c.decision.value, reason=c.reason,
@@ -86,8 +86,7 @@ def explain_choices(plan: ComposePlan, ev: Evaluated, beliefs: BeliefStore,
             tpot_p95_ms_robust=float(ev.tpot_p95_ms[i]),
             max_rate_rps_nominal=float(ev.nominal_max_rate_rps[i]),
             max_rate_rps_robust=float(ev.max_rate_rps[i]),
-            multipliers=tuple(sorted(mult.items())),
-            radii=tuple(sorted(calibrator.radii(c.job_id).items())),
+            multipliers=tuple(sorted(mult.items())), radii=radii,
             mechanisms=tuple(m.line() for m in mechs[:3]),
             mechanism_ids=tuple(m.id for m in mechs[:3]) + p.mechanism_ids,
             goodput_tok_s=c.goodput_tok_s, usd_per_hour=c.usd_per_hour))

@@ -40,7 +40,7 @@ from koi.cluster import (
 )
 from koi.compose import ComposeInput, ComposePlan, ComposeWeights, compose
 from koi.planner.candidates import job_demands, job_loads, scored_candidates
-from koi.planner.evaluate import Evaluated, Kernel, Robustness, evaluate, prefix_hit
+from koi.planner.evaluate import Evaluated, Kernel, Robustness, evaluate
 from koi.planner.explain import Explanation, explain_choices
 from koi.planner.place import Target, place
 from koi.planner.propose import Hints, MechanismHint, Proposal, ProposerLimits, propose
@@ -97,15 +97,12 @@ class TickReport:
     candidates: int
     # learning: median |log(observed / corrected prediction)| of this tick's observations
     abs_error: dict[str, float]
-    radii: dict[str, float]          # pooled
+    radii: dict[str, float]
     coverage: dict[str, float]
     mechanisms_active: int
     mechanisms_applicable: int
     mechanisms_discovered: int
     belief_version: int
-    # median over the tick's online jobs of the radius each is tightened by (its own or
-    # the pooled one)
-    job_radii: dict[str, float] = field(default_factory=dict)
 
 
 def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
@@ -158,15 +155,7 @@ def tick_report(snapshot: ClusterSnapshot, plan: ComposePlan | None,
         candidates=candidates, abs_error=abs_error, radii=_radii(calibrator, settings),
         coverage={o: calibrator.realised_coverage(o) for o in ("ttft_p95", "tpot_p95")},
         mechanisms_active=counts.active, mechanisms_applicable=counts.applicable,
-        mechanisms_discovered=counts.discovered, belief_version=beliefs.version,
-        job_radii=_median_job_radii(snapshot, calibrator, settings))
-
-
-def _median_job_radii(snapshot: ClusterSnapshot, calibrator: DroCalibrator,
-                      settings: KoiSettings) -> dict[str, float]:
-    per_job = [_radii(calibrator, settings, j.id) for j in snapshot.jobs if not j.is_batch]
-    return {o: float(np.median([r[o] for r in per_job if o in r]))
-            for o in calibrator.outcomes if any(o in r for r in per_job)}
+        mechanisms_discovered=counts.discovered, belief_version=beliefs.version)
 
 
 # --- the stages, one per service ------------------------------------------------------
@@ -260,7 +249,6 @@ def observe(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
     deps = {d.id: d for d in snapshot.deployments}
     pairs, keep = [], []
     batch_jobs = {j.id for j in snapshot.jobs if j.is_batch}
-    prefix = {j.id: getattr(j.spec, "prefix_share", 0.0) for j in snapshot.jobs}  # online
     for t in telemetry:
         dep = deps.get(t.deployment_id)
         if dep is None or t.requests_finished <= 0 or dep.replicas_ready < 1 \
@@ -273,7 +261,7 @@ def observe(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
             (LoadMode.RATE, max(t.requests_arrived / max(t.window_s, 1e-9), 1e-3))
         pairs.append((dep.config.with_(replicas=dep.replicas_ready), Workload(
             input_len=max(t.prompt_tokens / n, 1.0), output_len=max(t.generation_tokens / n, 1.0),
-            mode=mode, load=load, prefix_hit=prefix_hit(prefix.get(t.job_id, 0.0), dep.config))))
+            mode=mode, load=load)))
         keep.append((t, scope_of(dep.config, catalog), batch))
     preds: list[Prediction] = predict_many(pairs, catalog=catalog, validate=False,
                                            calibration=settings.calibration,
@@ -303,9 +291,7 @@ def learn_from(observations: Sequence[OutcomeObservation], beliefs: BeliefStore,
         return beliefs, calibrator, abs_error
     at = max(tick, beliefs.tick)
     updated = beliefs.update(list(observations), at) if settings.use_beliefs else beliefs
-    # each job's residuals also calibrate its own radius (Mondrian conformal)
-    return updated, calibrator.update(residuals, at, [o.job_id for o in observations]), \
-        abs_error
+    return updated, calibrator.update(residuals, at), abs_error
 
 
 # --- propose / evaluate -----------------------------------------------------------------
@@ -356,21 +342,16 @@ def _mechanism_hints(mechanisms: Sequence[ActiveMechanism]) -> list[MechanismHin
 
 def _robustness(beliefs: BeliefStore, calibrator: DroCalibrator, settings: KoiSettings,
                 catalog: Catalog):
+    radii = _radii(calibrator, settings)
     cache: dict = {}
-    job_radii: dict[str, dict[str, float]] = {}
 
     def robustness(p) -> Robustness:
-        key = (p.job_id, p.config)
+        key = p.config
         if key not in cache:
-            if p.job_id not in job_radii:
-                job_radii[p.job_id] = _radii(calibrator, settings, p.job_id)
-            radii = job_radii[p.job_id]
-            # the SLOs are on p95s: tighten them by the p95 multipliers (scope × workload)
-            mult = beliefs.correction(scope_of(p.config, catalog), job_id=p.job_id) \
-                if settings.use_beliefs else {}
-            cache[key] = Robustness(ttft_mult=mult.get("ttft_p95", 1.0),
-                                    tpot_mult=mult.get("tpot_p95", 1.0),
-                                    tput_mult=mult.get("throughput", 1.0),
+            mult = beliefs.correction(scope_of(p.config, catalog)) if settings.use_beliefs \
+                else {"ttft": 1.0, "tpot": 1.0, "throughput": 1.0}
+            cache[key] = Robustness(ttft_mult=mult["ttft"], tpot_mult=mult["tpot"],
+                                    tput_mult=mult["throughput"],
                                     radius_ttft=radii.get("ttft_p95", 0.0),
                                     radius_tpot=radii.get("tpot_p95", 0.0),
                                     radius_tput=radii.get("throughput", 0.0))
@@ -379,10 +360,8 @@ def _robustness(beliefs: BeliefStore, calibrator: DroCalibrator, settings: KoiSe
     return robustness
 
 
-def _radii(calibrator: DroCalibrator, settings: KoiSettings, group: str = ""
-           ) -> dict[str, float]:
-    """The radii in force (pooled, or ``group``'s own where it has the evidence)."""
+def _radii(calibrator: DroCalibrator, settings: KoiSettings) -> dict[str, float]:
     if not settings.use_dro:
         return {}
-    return {o: r for o, r in calibrator.radii(group).items() if math.isfinite(r)}
+    return {o: r for o, r in calibrator.radii().items() if math.isfinite(r)}
 
