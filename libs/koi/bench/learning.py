@@ -1,10 +1,11 @@
 """Is Koi learning? Prediction error, DRO radius, coverage and mechanisms over a run.
 
 Runs a Koi-family policy through a scenario and collects what each tick's report says:
-the median |log(observed / corrected prediction)| of TTFT, TPOT and throughput, the DRO
-radius per outcome and its realised coverage, and the playbook's active / applicable /
-cumulative mechanism counts. ``summary`` compares the first and last third of the run;
-``plot`` draws the curves. Also used by ``koi explain`` to replay a run to a tick.
+the median |log(observed / corrected prediction)| of TTFT and TPOT (means and p95s) and
+throughput, the DRO radius per outcome and its realised coverage, and the playbook's
+active / applicable / cumulative mechanism counts. ``summary`` compares the first and
+last third of the run; ``plot`` draws the curves. Also used by ``koi explain`` to replay
+a run to a tick.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from koi.policies import make_policy
 from koi.scenario import load_scenario
 from koi.scenario.types import Scenario
 
-OUTCOMES = ("ttft", "tpot", "throughput")
+OUTCOMES = ("ttft", "ttft_p95", "tpot", "tpot_p95", "throughput")
 
 
 @dataclass(frozen=True)
@@ -126,8 +127,10 @@ def plot(run: LearningRun, path: Path) -> None:
 
     s = series(run)
     fig, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
-    for o in OUTCOMES:
-        axes[0].plot(s["tick"], s[f"abs_error_{o}"], label=o, lw=1)
+    colors = {"ttft": "C0", "tpot": "C1", "throughput": "C2"}
+    for o in OUTCOMES:  # a p95 dashed, in its mean's colour
+        axes[0].plot(s["tick"], s[f"abs_error_{o}"], label=o, lw=1,
+                     color=colors[o.removesuffix("_p95")], ls="--" if o.endswith("_p95") else "-")
     axes[0].set_ylabel("median |log(obs/pred)|")
     axes[0].set_title(f"{run.policy} on {run.scenario} (seed {run.seed}): prediction error")
     axes[0].legend()
