@@ -18,13 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
+from koi.calibrate import OUTCOMES
 from koi.catalog import load_catalog
 from koi.planner.tick import TickReport
 from koi.policies import make_policy
 from koi.scenario import load_scenario
 from koi.scenario.types import Scenario
-
-OUTCOMES = ("ttft", "ttft_p95", "tpot", "tpot_p95", "throughput")
 
 
 @dataclass(frozen=True)

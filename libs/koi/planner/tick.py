@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from koi.calibrate import DroCalibrator
+from koi.calibrate import OUTCOMES, DroCalibrator
 from koi.catalog import Catalog
 from koi.causal.observe import OutcomeObservation, log_residuals, observation_from_telemetry
 from koi.causal.scope import Scope, scope_of
@@ -285,7 +285,7 @@ def learn_from(observations: Sequence[OutcomeObservation], beliefs: BeliefStore,
     residuals = [beliefs.corrected_residuals(o) if settings.use_beliefs
                  else log_residuals(o) for o in observations]
     abs_error = {k: float(np.median([abs(r[k]) for r in residuals if k in r]))
-                 for k in ("ttft", "ttft_p95", "tpot", "tpot_p95", "throughput")
+                 for k in OUTCOMES
                  if any(k in r for r in residuals)}
     if not settings.learn or not observations:
         return beliefs, calibrator, abs_error
