@@ -47,6 +47,7 @@ def test_reports_learning_and_explanations(koi_run) -> None:
     assert reports[-1].belief_version > 0            # beliefs were updated
     s = series(koi_run)
     assert math.isfinite(s["abs_error_tpot"][-1])
+    assert math.isfinite(s["abs_error_tpot_p95"][-1])  # the p95s are reported too
     assert all(0.0 <= v <= 1.0 for v in s["coverage_tpot_p95"] if math.isfinite(v))
     assert all(len(r.explanations) >= 1 for r in reports)
     placed = [e for e in reports[-1].explanations if e.decision == "place"]
@@ -54,6 +55,7 @@ def test_reports_learning_and_explanations(koi_run) -> None:
     assert "serves" in placed[0].text()
     keys = summary(koi_run)
     assert {"abs_error_ttft_first", "abs_error_ttft_last", "coverage_tpot_p95_final"} <= set(keys)
+    assert {"abs_error_ttft_p95_first", "abs_error_tpot_p95_last"} <= set(keys)
 
 
 def test_no_learning_keeps_the_prior_and_no_dro_has_no_radius() -> None:
