@@ -44,6 +44,7 @@ def ticks(draw: st.DrawFn, max_jobs: int = 6, max_cands: int = 5) -> ComposeInpu
                                   **common))  # type: ignore[arg-type]
         else:
             jobs.append(JobDemand(jid, JobKind.BATCH, required_tok_s=draw(st.floats(0, 2e4)),
+                                  ahead_tok_s=draw(st.sampled_from([0.0, 3e3, 2e4])),
                                   deadline_s=draw(st.floats(-10, 1e4)),
                                   **common))  # type: ignore[arg-type]
         for c in range(draw(st.integers(0, max_cands))):
@@ -60,7 +61,8 @@ def ticks(draw: st.DrawFn, max_jobs: int = 6, max_cands: int = 5) -> ComposeInpu
     capacity = {o: draw(st.integers(0, 24)) for o in OFFERINGS}
     weights = ComposeWeights(cost=draw(st.sampled_from([0.0, 1.0, 3.0])),
                              risk=draw(st.sampled_from([0.0, 1.0])),
-                             churn=draw(st.sampled_from([0.0, 1.0])))
+                             churn=draw(st.sampled_from([0.0, 1.0])),
+                             ahead=draw(st.sampled_from([0.0, 0.1, 1.0])))
     return ComposeInput(jobs=jobs, candidates=cands, capacity=capacity, weights=weights,
                         top_k=draw(st.integers(1, 6)))
 

@@ -205,3 +205,40 @@ def test_an_online_job_is_not_moved_onto_too_little_capacity():
     job = JobDemand.batch("nightly", remaining_tokens=18e6, time_left_s=3600)  # 5k tok/s
     plan = run([job], [cand("nightly", "l4", L4, usd=1.0)], {L4: 4})
     assert plan.choice("nightly").replicas == 4
+
+
+def test_batch_runs_ahead_of_pace_only_on_spare_capacity():
+    """Work beyond the deadline's pace (``pace`` > 1) fills capacity nothing else wants,
+    at ``weights.ahead`` of a token's value: never at the expense of another job's work
+    at pace, and not at all when that share is 0."""
+    job = JobDemand.batch("nightly", remaining_tokens=3.6e6, time_left_s=3600, pace=3.0)
+    assert (job.required_tok_s, job.ahead_tok_s) == (pytest.approx(1000), pytest.approx(2000))
+    for solver in ("auto", "greedy"):
+        c = run([job], [cand("nightly", "x")], {H100: 8}, solver=solver).choice("nightly")
+        assert (c.decision, c.replicas) == (Decision.PLACE, 3)
+        assert c.goodput_tok_s == pytest.approx(3000) and "1,000 at the deadline's pace" in c.reason
+        plan = run([job], [cand("nightly", "x")], {H100: 8}, solver=solver,
+                   weights=ComposeWeights(ahead=0.0))
+        assert plan.choice("nightly").replicas == 1
+        # contested: an online job at a lower priority still outranks work ahead of pace
+        jobs = [job, online("chat", 2000, priority=2)]
+        cands = [cand("nightly", "x"), cand("chat", "y")]
+        plan = run(jobs, cands, {H100: 3}, solver=solver)
+        assert [plan.choice(j).replicas for j in ("nightly", "chat")] == [1, 2]
+
+
+def test_a_late_batch_job_finishes_on_spare_capacity_only():
+    late = JobDemand.batch("late", remaining_tokens=6e5, time_left_s=-5, late_s=300.0)
+    assert (late.required_tok_s, late.ahead_tok_s) == (0.0, pytest.approx(2000))
+    c = run([late], [cand("late", "x")], {H100: 8}).choice("late")
+    assert (c.decision, c.replicas) == (Decision.PLACE, 2)
+    assert "deadline passed: finishing on spare capacity" in c.reason
+    on_time = JobDemand.batch("on-time", remaining_tokens=3.6e6, time_left_s=3600,
+                              priority=2)
+    plan = run([late, on_time], [cand("late", "x"), cand("on-time", "y")], {H100: 1})
+    assert plan.choice("on-time").replicas == 1
+    assert plan.choice("late").decision == Decision.DEFER
+    with pytest.raises(InvalidSpecError, match="pace"):
+        JobDemand.batch("x", remaining_tokens=1.0, time_left_s=1.0, pace=0.5)
+    with pytest.raises(InvalidSpecError, match="ahead"):
+        ComposeWeights(ahead=1.5)

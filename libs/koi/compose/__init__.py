@@ -6,12 +6,13 @@ replica counts under per-offering capacity, for the whole cluster at once.
 The objective, in objective units per hour (``$`` when ``weights.cost`` is 1), over the
 chosen candidate c of every placed job j with x replicas:
 
-    maximise  Σ_j  V_j · (1 − w_risk·risk_c) · served_j
+    maximise  Σ_j  V_j · (1 − w_risk·risk_c) · (at_pace_j + w_ahead·(served_j − at_pace_j))
                  − w_cost · usd_c · x
                  − w_churn · migration_cost_c        (0 when c is the job's current one)
 
     V_j       = 3600 · value_per_tok_j · priority_step ** (priority_j − 5)
-    served_j  = min(demand_j, cap_c · x)                                   [tok/s]
+    served_j  = min(demand_j + ahead_j, cap_c · x)                         [tok/s]
+    at_pace_j = min(demand_j, served_j)   (ahead_j: batch work ahead of pace, or late)
     cap_c     = min(goodput_c, max_rate_c · tok_per_request_j)   (online;  goodput_c batch)
                 · (1 − w_preempt · preemption_exposure_c)
     demand_j  = demand_rate_rps · tok_per_request (online) | required_tok_s (batch)
@@ -80,7 +81,7 @@ def compose(inp: ComposeInput) -> ComposePlan:
     use_milp = solver == SolverName.HIGHS_MILP and milp is not None
     bound = None
     if use_milp and milp is not None and milp.loss_bound is not None:
-        bound = float((p.value * p.demand).sum()) - milp.loss_bound
+        bound = p.value_total - milp.loss_bound
     return ComposePlan(
         choices=explain(p, sol, used), solver=solver, status=status, objective=objective,
         objective_bound=bound, gap=milp.gap if use_milp and milp is not None else None,

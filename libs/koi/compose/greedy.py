@@ -3,8 +3,10 @@
 Jobs in order of priority (highest first), then of their best value density; each takes
 the candidate that fits the capacity still left and ranks best by
     (serves its whole demand, objective term per GPU)
-with the replica count that maximises its objective term within what fits. A job whose
-best option does not earn more than it costs is left unplaced. Same ``Assignment`` as the
+with the replica count that maximises its objective term within what fits, counting
+only work at pace. A job whose best option does not earn more than it costs is left
+unplaced. A second pass in the same order grows batch jobs with work ahead of their pace
+(and places late ones) on the capacity every job's work at pace left over. Same ``Assignment`` as the
 MILP, same objective (``koi.compose.problem``). No I/O; deterministic.
 """
 
@@ -26,23 +28,48 @@ def solve_greedy(p: Problem) -> Assignment:
     sol = empty_assignment(len(p.jobs))
     left = p.free.copy()
     by_job = _rows_by_job(p)
-    for j in _job_order(p, by_job):
-        pick = best_option(p, by_job[j], left)
-        if pick is None:
+    order = _job_order(p, by_job)
+    # first every job's work at pace, then work ahead of pace on the capacity left
+    for j in order:
+        if p.demand[j] <= EPS:
             continue
-        row, reps = pick
-        sol.row[j] = row
-        sol.replicas[j] = reps
-        left[p.off_of[row]] -= int(p.table.gpus_per_replica[row]) * reps
+        pick = best_option(p, by_job[j], left, at_pace=True)
+        if pick is not None:
+            _take(p, sol, left, j, *pick)
+    for j in order:
+        if p.ahead[j] <= EPS:
+            continue
+        row, reps = int(sol.row[j]), int(sol.replicas[j])
+        if row < 0:
+            pick = best_option(p, by_job[j], left)
+            if pick is not None:
+                _take(p, sol, left, j, *pick)
+            continue
+        gpr = int(p.table.gpus_per_replica[row])
+        more = best_replicas(p, row, min(int(p.hi[row]), reps + int(left[p.off_of[row]]) // gpr))
+        if more > reps and contribution(p, row, more)[0] > contribution(p, row, reps)[0]:
+            left[p.off_of[row]] += gpr * reps
+            _take(p, sol, left, j, row, more)
     return sol
 
 
-def best_option(p: Problem, rows: np.ndarray, left: np.ndarray) -> tuple[int, int] | None:
-    """The greedy's pick among ``rows`` given ``left`` GPUs per offering, or None."""
+def _take(p: Problem, sol: Assignment, left: np.ndarray, j: int, row: int, reps: int) -> None:
+    sol.row[j] = row
+    sol.replicas[j] = reps
+    left[p.off_of[row]] -= int(p.table.gpus_per_replica[row]) * reps
+
+
+def best_option(p: Problem, rows: np.ndarray, left: np.ndarray,
+                at_pace: bool = False) -> tuple[int, int] | None:
+    """The greedy's pick among ``rows`` given ``left`` GPUs per offering, or None.
+
+    ``at_pace`` leaves out replicas that would only serve work ahead of a batch job's pace.
+    """
     best: tuple[tuple[bool, float, int], int, int] | None = None
+    top = p.hi_at_pace if at_pace else p.hi
     for row in rows.tolist():
         gpr = int(p.table.gpus_per_replica[row])
-        limit = min(int(p.hi[row]), int(left[p.off_of[row]]) // gpr)
+        limit = min(int(top[row]), int(left[p.off_of[row]]) // gpr)
         reps = best_replicas(p, row, limit)
         if reps == 0:
             continue

@@ -7,20 +7,22 @@ minimum replicas are paid only in proportion to x/hi), and HiGHS needed ~2 s to 
 40-job × 40-candidate tick. We solve the same problem in its *option* form instead:
 
     one binary z[k] per option k = (candidate c, replicas r), lo[c] ≤ r ≤ hi[c], worth
-        f[k] = a[c]·min(d[j], cap[c]·r) − cost[c]·r − churn[c]   (the exact objective term)
+        f[k] = a[c]·(min(d[j], s) + w_ahead·(s − min(d[j], s))) − cost[c]·r − churn[c],
+        s = min(d[j] + ahead[j], cap[c]·r)                     (the exact objective term)
     maximise  Σ_k f[k]·z[k]
     s.t.      Σ_{k of job j} z[k] ≤ 1                   (one candidate, one replica count)
               Σ_{k on offering o} gpus[c]·r·z[k] ≤ free[o]
 
 which has exactly the same feasible plans and objective values (served = min(d, cap·r) is
-what the textbook form's s[c] equals at its optimum), and whose LP relaxation is the
+what the textbook form's s[c] equals at its optimum, with ahead[j] = 0), and whose LP relaxation is the
 convex hull of each job's options. Options of one job on one offering compete only
 through (GPUs on that offering, value), so only that Pareto frontier is kept: options
 with more GPUs and no more value, or no positive value, can never be in an optimum.
 
-HiGHS sees the objective as a non-negative *loss* Σ_j V[j]·d[j] − Σ_k f[k]·z[k] (a fixed
-variable carries the constant), so its relative gap is relative to the value the plan
-leaves on the table plus what it pays, not to the large value total. No I/O.
+HiGHS sees the objective as a non-negative *loss* Σ_j V[j]·(d[j] + w_ahead·ahead[j]) −
+Σ_k f[k]·z[k] (a fixed variable carries the constant), so its relative gap is relative to
+the value the plan leaves on the table plus what it pays, not to the large value total.
+No I/O.
 """
 
 from __future__ import annotations
@@ -67,8 +69,7 @@ def options(p: Problem) -> Options:
     start = np.repeat(np.cumsum(count) - count, count)
     reps = p.lo[row] + np.arange(row.size) - start
     job, off = p.job_of[row], p.off_of[row]
-    served = np.minimum(p.demand[job], p.cap[row] * reps)
-    value = p.a[row] * served - p.cost[row] * reps - p.churn[row]
+    value, _ = p.terms(row, reps)
     gpus = p.table.gpus_per_replica[row] * reps
     pos = value > EPS
     row, reps, job, off, value, gpus = (v[pos] for v in (row, reps, job, off, value, gpus))
@@ -103,7 +104,7 @@ def solve_milp(p: Problem, time_limit_s: float, mip_rel_gap: float,
     if opt.row.size == 0:
         return MilpResult(empty_assignment(jn), "optimal", 0.0, None,
                           time.perf_counter() - t0)
-    total = float((p.value * p.demand).sum())
+    total = p.value_total
     lp = _relaxation(p, opt)
     best = incumbent if incumbent is not None else empty_assignment(jn)
     if lp is not None:
@@ -142,7 +143,7 @@ def solve_milp(p: Problem, time_limit_s: float, mip_rel_gap: float,
 def _relaxation(p: Problem, opt: Options) -> tuple[np.ndarray, float, np.ndarray] | None:
     """(LP solution, LP lower bound on the loss, reduced costs), or None if HiGHS fails."""
     a, b = _rows(p, opt, np.arange(opt.row.size))
-    total = float((p.value * p.demand).sum())
+    total = p.value_total
     try:
         res = linprog(-opt.value, A_ub=a, b_ub=b, bounds=(0, 1), method="highs")
     except (ValueError, RuntimeError):

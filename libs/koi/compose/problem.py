@@ -35,6 +35,8 @@ class Problem:
     offerings: tuple[str, ...]
     free: np.ndarray             # (O,) free GPUs per offering
     demand: np.ndarray           # (J,) tok/s wanted
+    ahead: np.ndarray            # (J,) tok/s beyond demand worth ``ahead_share`` as much
+    ahead_share: float           # ComposeWeights.ahead
     value: np.ndarray            # (J,) objective units per (tok/s · hour) at zero risk
     # over the full table (N,)
     job_of: np.ndarray           # job index of each row
@@ -45,6 +47,7 @@ class Problem:
     churn: np.ndarray            # weighted migration cost (0 for the current candidate)
     lo: np.ndarray               # min replicas when chosen
     hi: np.ndarray               # max useful replicas that fit free capacity
+    hi_at_pace: np.ndarray       # the same without work ahead of pace (≤ hi)
     fits: np.ndarray             # feasible and lo replicas fit free capacity
     profitable: np.ndarray       # fits and one fully used replica earns more than it costs
     density: np.ndarray          # net value per GPU-hour at full use
@@ -57,6 +60,24 @@ class Problem:
     def rows_of(self, j: int) -> np.ndarray:
         """All table rows of job ``j`` (any feasibility)."""
         return np.flatnonzero(self.job_of == j)
+
+    @property
+    def value_total(self) -> float:
+        """The objective's ceiling before costs: every job's demand and ahead work served."""
+        return float((self.value * (self.demand + self.ahead_share * self.ahead)).sum())
+
+    def terms(self, rows: np.ndarray, replicas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(objective term, served tok/s) of running ``replicas`` of each table row.
+
+        served = min(demand + ahead, cap·x); the part up to the demand earns a, the part
+        beyond it ``ahead_share``·a (batch work ahead of its deadline's pace).
+        """
+        job = self.job_of[rows]
+        capx = self.cap[rows] * replicas
+        served = np.minimum(self.demand[job] + self.ahead[job], capx)
+        at_pace = np.minimum(self.demand[job], served)
+        gain = self.a[rows] * (at_pace + self.ahead_share * (served - at_pace))
+        return gain - self.cost[rows] * replicas - self.churn[rows], served
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,6 +106,8 @@ def build_problem(inp: ComposeInput) -> Problem:
     kind_online = np.array([j.kind == JobKind.ONLINE for j in jobs], dtype=bool)
     tpr = _tokens_per_request(jobs, table, job_of)
     demand = np.array([_demand(j, t) for j, t in zip(jobs, tpr, strict=True)], dtype=np.float64)
+    ahead = np.array([j.ahead_tok_s if j.kind == JobKind.BATCH else 0.0 for j in jobs],
+                     dtype=np.float64)
     value = np.array([SECONDS_PER_HOUR * j.value_per_tok * w.priority_factor(j.priority)
                       for j in jobs], dtype=np.float64)
 
@@ -104,7 +127,9 @@ def build_problem(inp: ComposeInput) -> Problem:
     fit_r = free[off_of] // gpr
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         need = np.where(cap > 0, np.ceil(demand[job_of] / cap - EPS), 0.0)
+        want = np.where(cap > 0, np.ceil((demand + ahead)[job_of] / cap - EPS), 0.0)
     need = np.minimum(need, float(max_r.max(initial=1))).astype(np.int64)
+    want = np.minimum(want, float(max_r.max(initial=1))).astype(np.int64)
     # An online deployment short of its demand does not serve the rest of it worse: its
     # queue grows without bound and nearly every request misses the SLO. So a new online
     # candidate must cover the demand (up to the job's max replicas); the current one may
@@ -112,15 +137,16 @@ def build_problem(inp: ComposeInput) -> Problem:
     lo = min_r[job_of]
     cover = kind_online[job_of] & ~table.is_current
     lo = np.where(cover, np.maximum(lo, np.minimum(need, max_r[job_of])), lo)
-    hi = np.minimum(np.minimum(max_r[job_of], fit_r), np.maximum(lo, need))
+    hi = np.minimum(np.minimum(max_r[job_of], fit_r), np.maximum(lo, want))
+    hi_at_pace = np.minimum(hi, np.maximum(lo, need))
     fits = table.feasible_slo & (fit_r >= lo) & (lo <= max_r[job_of])
     net = a * cap - cost
-    profitable = fits & (cap > 0) & (net > EPS) & (demand[job_of] > 0)
+    profitable = fits & (cap > 0) & (net > EPS) & ((demand + ahead)[job_of] > 0)
     density = net / gpr
     kept = _prune(profitable, job_of, off_of, density, table.is_current, inp.top_k)
     return Problem(jobs=jobs, table=table, offerings=offerings, free=free, demand=demand,
-                   value=value, job_of=job_of, off_of=off_of, cap=cap, a=a, cost=cost,
-                   churn=churn, lo=lo, hi=hi, fits=fits, profitable=profitable,
+                   ahead=ahead, ahead_share=w.ahead, value=value, job_of=job_of, off_of=off_of, cap=cap, a=a, cost=cost,
+                   churn=churn, lo=lo, hi=hi, hi_at_pace=hi_at_pace, fits=fits, profitable=profitable,
                    density=density, kept=kept)
 
 
@@ -171,9 +197,8 @@ def _prune(ok: np.ndarray, job_of: np.ndarray, off_of: np.ndarray, density: np.n
 
 def contribution(p: Problem, row: int, replicas: int) -> tuple[float, float]:
     """(objective term, served tok/s) of running ``replicas`` of table row ``row``."""
-    served = min(float(p.demand[p.job_of[row]]), float(p.cap[row]) * replicas)
-    obj = float(p.a[row]) * served - float(p.cost[row]) * replicas - float(p.churn[row])
-    return obj, served
+    obj, served = p.terms(np.array([row]), np.array([replicas]))
+    return float(obj[0]), float(served[0])
 
 
 def evaluate(p: Problem, sol: Assignment) -> float:
@@ -218,8 +243,10 @@ def best_replicas(p: Problem, row: int, limit: int) -> int:
     lo = int(p.lo[row])
     if limit < lo:
         return 0
-    cap, d = float(p.cap[row]), float(p.demand[p.job_of[row]])
-    exact = d / cap if cap > 0 else 0.0
-    options = {lo, limit, min(max(math.floor(exact + EPS), lo), limit),
-               min(max(math.ceil(exact - EPS), lo), limit)}
+    cap, j = float(p.cap[row]), p.job_of[row]
+    options = {lo, limit}
+    for d in (float(p.demand[j]), float(p.demand[j] + p.ahead[j])):
+        exact = d / cap if cap > 0 else 0.0
+        options |= {min(max(math.floor(exact + EPS), lo), limit),
+                    min(max(math.ceil(exact - EPS), lo), limit)}
     return max(sorted(options), key=lambda r: contribution(p, row, r)[0])

@@ -55,7 +55,14 @@ def _placed(p: Problem, j: int, row: int, reps: int) -> JobChoice:
         verb = "placed on"
     reason = (f"{verb} {t.label(row)} ×{reps} ({gpus} GPUs): {served:,.0f} of {demand:,.0f}"
               f" tok/s, ${usd:,.2f}/h, SLO risk {float(t.slo_risk[row]):.0%}")
-    if served < demand * SHORT:
+    if served > demand / SHORT + EPS:
+        late = job.kind == JobKind.BATCH and job.deadline_s <= 0
+        reason = (f"{verb} {t.label(row)} ×{reps} ({gpus} GPUs): {served:,.0f} tok/s"
+                  + ("; deadline passed: finishing on spare capacity" if late else
+                     f" ({demand:,.0f} at the deadline's pace, the rest ahead of it on spare"
+                     " capacity)")
+                  + f", ${usd:,.2f}/h, SLO risk {float(t.slo_risk[row]):.0%}")
+    elif served < demand * SHORT:
         if job.kind == JobKind.BATCH:
             reason += (f"; deadline at risk: delivers {served / demand:.0%} of the"
                        f" {demand:,.0f} tok/s needed to finish in {job.deadline_s:,.0f} s")
@@ -71,7 +78,7 @@ def _placed(p: Problem, j: int, row: int, reps: int) -> JobChoice:
 def _defer_reason(p: Problem, sol: Assignment, j: int, feasible: np.ndarray,
                   left: np.ndarray) -> str:
     job = p.jobs[j]
-    if p.demand[j] <= EPS:
+    if p.demand[j] + p.ahead[j] <= EPS:
         if job.kind == JobKind.BATCH and job.deadline_s <= 0:
             return "deadline passed: tokens finished now are worth nothing"
         return "no demand this tick"

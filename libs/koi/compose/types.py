@@ -154,6 +154,8 @@ class JobDemand:
     demand_rate_rps: float = 0.0              # online: offered load, req/s
     output_tok_per_request: float = 0.0       # online: mean output tokens; 0 = from candidates
     required_tok_s: float = 0.0               # batch: remaining tokens / time to deadline
+    ahead_tok_s: float = 0.0                  # batch: rate beyond required worth running
+                                              # when capacity is spare (ComposeWeights.ahead)
     deadline_s: float = math.inf              # batch: seconds left to the deadline
     value_per_tok: float = 1e-4               # objective units per served token at priority 5
     min_replicas: int = 1                     # when placed: at least this many replicas
@@ -166,7 +168,7 @@ class JobDemand:
         if not 0 <= self.priority <= 9:
             raise InvalidSpecError(f"{where}.priority", f"{self.priority} is not in 0..9")
         for name in ("demand_rate_rps", "output_tok_per_request", "required_tok_s",
-                     "value_per_tok"):
+                     "ahead_tok_s", "value_per_tok"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise InvalidSpecError(f"{where}.{name}", f"{v} must be finite and ≥ 0")
@@ -177,13 +179,24 @@ class JobDemand:
 
     @classmethod
     def batch(cls, job_id: str, remaining_tokens: float, time_left_s: float,
-              **kw: object) -> JobDemand:
+              pace: float = 1.0, late_s: float = 0.0, **kw: object) -> JobDemand:
         """A batch job's demand: the rate that finishes ``remaining_tokens`` by the deadline.
 
-        A deadline already passed gives no demand (tokens after it are worth nothing).
+        ``pace`` ≥ 1 offers up to ``pace`` × that rate, the part beyond it as ``ahead_tok_s``
+        (worth ``ComposeWeights.ahead`` of a token at pace): work done ahead of the
+        deadline's pace on capacity nothing else wants is work a later shortage cannot
+        take away. A deadline already passed gives no demand at pace; with ``late_s`` > 0
+        the remaining work is offered as ahead work at ``remaining_tokens / late_s``, so a
+        late job is finished on spare capacity instead of crowding out jobs still on time.
         """
-        rate = remaining_tokens / time_left_s if time_left_s > 0 else 0.0
-        return cls(job_id=job_id, kind=JobKind.BATCH, required_tok_s=rate,
+        if not (math.isfinite(pace) and pace >= 1):
+            raise InvalidSpecError(f"jobs[{job_id}].pace", f"{pace} must be finite and ≥ 1")
+        if time_left_s > 0:
+            rate = remaining_tokens / time_left_s
+            ahead = (pace - 1.0) * rate
+        else:
+            rate, ahead = 0.0, remaining_tokens / late_s if late_s > 0 else 0.0
+        return cls(job_id=job_id, kind=JobKind.BATCH, required_tok_s=rate, ahead_tok_s=ahead,
                    deadline_s=time_left_s, **kw)  # type: ignore[arg-type]
 
 
@@ -196,14 +209,18 @@ class ComposeWeights:
     churn: float = 1.0         # multiplies each candidate's migration_cost
     preemption: float = 1.0    # share of a replica's goodput lost per unit of exposure
     priority_step: float = 2.0  # a token of priority p is worth step**(p-5) of one at 5
+    ahead: float = 0.1         # share of a token's value for batch work ahead of its pace
 
     def __post_init__(self) -> None:
-        for name in ("cost", "risk", "churn", "preemption"):
+        for name in ("cost", "risk", "churn", "preemption", "ahead"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise InvalidSpecError(f"weights.{name}", f"{v} must be finite and ≥ 0")
         if not (math.isfinite(self.priority_step) and self.priority_step >= 1):
             raise InvalidSpecError("weights.priority_step", "must be finite and ≥ 1")
+        if self.ahead > 1:
+            raise InvalidSpecError("weights.ahead", f"{self.ahead} must be ≤ 1 (work ahead of"
+                                   " pace is worth no more than work at pace)")
 
     def priority_factor(self, priority: int) -> float:
         return float(self.priority_step ** (priority - DEFAULT_PRIORITY))

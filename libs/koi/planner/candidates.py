@@ -135,7 +135,8 @@ def _capacity(snapshot: ClusterSnapshot) -> dict[str, int]:
 
 
 def job_demands(jobs: Sequence[JobStatus], loads: Mapping[str, JobLoad],
-                snapshot: ClusterSnapshot, ev: Evaluated) -> list[JobDemand]:
+                snapshot: ClusterSnapshot, ev: Evaluated, *,
+                batch_pace: float = 1.0) -> list[JobDemand]:
     live = _live_by_job(snapshot)
     reasons = _infeasible_reasons(ev)
     out = []
@@ -147,9 +148,9 @@ def job_demands(jobs: Sequence[JobStatus], loads: Mapping[str, JobLoad],
         if isinstance(spec, BatchJob):
             remaining = max(spec.total_output_tokens - job.output_tokens_done, 0.0)
             time_left = spec.submit_s + spec.deadline_s - snapshot.time_s
-            if time_left <= 0:  # late tokens still count as processed: finish the job
-                time_left = snapshot.tick_s
-            out.append(JobDemand.batch(job.id, remaining, time_left, **common))
+            # late tokens still count as processed: finish a late job, on spare capacity
+            out.append(JobDemand.batch(job.id, remaining, time_left, pace=batch_pace,
+                                       late_s=snapshot.tick_s, **common))
         else:
             out.append(JobDemand(job_id=job.id, demand_rate_rps=load.rate_rps,
                                  output_tok_per_request=load.output_len, **common))

@@ -65,6 +65,10 @@ class KoiSettings:
     weights: ComposeWeights = field(default_factory=ComposeWeights)
     churn_hours: float = 1.0        # a move costs this many hours of the new replicas' price
     rate_headroom: float = 1.1      # plan for this much more than the observed rate
+    # batch work up to this multiple of the deadline's pace is worth running on spare
+    # capacity (at ComposeWeights.ahead of a token's value beyond the pace); 3.0 scored
+    # 63.6 against 70.1 at 1.0 on hetero-12h seed 1 (BENCHMARKS (m)), so it is off
+    batch_pace: float = 1.0
     backend: str = "numba"
     # the predictor's efficiency table; None = the fitted one (the oracle passes the world's)
     calibration: Calibration | None = None
@@ -208,7 +212,7 @@ def compose_stage(ev: Evaluated, snapshot: ClusterSnapshot, settings: KoiSetting
     active = active_jobs(snapshot)
     loads = job_loads(active, snapshot, settings.rate_headroom)
     table, capacity = scored_candidates(ev, snapshot, catalog, settings.churn_hours)
-    demands = job_demands(active, loads, snapshot, ev)
+    demands = job_demands(active, loads, snapshot, ev, batch_pace=settings.batch_pace)
     return compose(ComposeInput(jobs=demands, candidates=table, capacity=capacity,
                                 weights=settings.weights, top_k=settings.top_k,
                                 time_limit_s=settings.compose_time_limit_s))
