@@ -6,8 +6,9 @@ the candidate that fits the capacity still left and ranks best by
 with the replica count that maximises its objective term within what fits, counting
 only work at pace. A job whose best option does not earn more than it costs is left
 unplaced. A second pass in the same order grows batch jobs with work ahead of their pace
-(and places late ones) on the capacity every job's work at pace left over. Same ``Assignment`` as the
-MILP, same objective (``koi.compose.problem``). No I/O; deterministic.
+(and places late ones) on the capacity every job's work at pace left over. Same
+``Assignment`` as the MILP, same objective (``koi.compose.problem``). No I/O;
+deterministic.
 """
 
 from __future__ import annotations

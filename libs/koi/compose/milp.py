@@ -14,8 +14,8 @@ minimum replicas are paid only in proportion to x/hi), and HiGHS needed ~2 s to 
               Σ_{k on offering o} gpus[c]·r·z[k] ≤ free[o]
 
 which has exactly the same feasible plans and objective values (served = min(d, cap·r) is
-what the textbook form's s[c] equals at its optimum, with ahead[j] = 0), and whose LP relaxation is the
-convex hull of each job's options. Options of one job on one offering compete only
+what the textbook form's s[c] equals at its optimum, with ahead[j] = 0), and whose LP
+relaxation is the convex hull of each job's options. Options of one job on one offering compete only
 through (GPUs on that offering, value), so only that Pareto frontier is kept: options
 with more GPUs and no more value, or no positive value, can never be in an optimum.
 

@@ -145,8 +145,9 @@ def build_problem(inp: ComposeInput) -> Problem:
     density = net / gpr
     kept = _prune(profitable, job_of, off_of, density, table.is_current, inp.top_k)
     return Problem(jobs=jobs, table=table, offerings=offerings, free=free, demand=demand,
-                   ahead=ahead, ahead_share=w.ahead, value=value, job_of=job_of, off_of=off_of, cap=cap, a=a, cost=cost,
-                   churn=churn, lo=lo, hi=hi, hi_at_pace=hi_at_pace, fits=fits, profitable=profitable,
+                   ahead=ahead, ahead_share=w.ahead, value=value, job_of=job_of,
+                   off_of=off_of, cap=cap, a=a, cost=cost, churn=churn, lo=lo, hi=hi,
+                   hi_at_pace=hi_at_pace, fits=fits, profitable=profitable,
                    density=density, kept=kept)
 
 
