@@ -20,7 +20,8 @@ ENV: dict[str, tuple[str, str]] = {
     "KOI_SEED": ("1", "seed of the simulated world and the jobs"),
     "KOI_HORIZON_S": ("", "cut the scenario's horizon to this many seconds; empty = full"),
     "KOI_SAMPLE_FRACTION": ("", "simulator request thinning; empty = the scenario's/auto"),
-    "KOI_POLICY": ("koi", "planner variant: koi | koi-no-causal | koi-no-learning | koi-no-dro"),
+    "KOI_POLICY": ("koi", "planner variant: koi | koi-no-causal | koi-no-learning | koi-no-dro"
+                   " | koi-ttft-nominal"),
     "KOI_GRPC_ADDR": ("127.0.0.1:50051", "planner-api's gRPC listen address"),
     "KOI_STAGE_DEADLINE_S": ("60", "seconds a tick waits for a stage before it degrades"),
     "KOI_LOG_LEVEL": ("info", "debug | info | warning | error"),

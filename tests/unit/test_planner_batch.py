@@ -1,7 +1,11 @@
-"""How Koi's tick paces batch jobs: at the deadline's pace first, ahead of it on spare
-capacity, and a late job only on capacity no job still on time wants."""
+"""Koi's tick: batch jobs at the deadline's pace first, ahead of it on spare capacity,
+and a late job only on capacity no job still on time wants; which DRO radii tighten it."""
 
 from __future__ import annotations
+
+import math
+
+import pytest
 
 from koi.catalog import load_catalog
 from koi.cluster import ActionKind, ClusterSnapshot, JobStatus, OfferingCapacity
@@ -46,3 +50,27 @@ def test_pace_above_one_runs_ahead_only_with_spare_gpus() -> None:
     at_pace = launches([job], gpus=64, now=0.0, settings=FAST)
     assert paced["bulk"][0] > at_pace["bulk"][0]
     assert "ahead of it on spare capacity" in paced["bulk"][1]
+
+
+def test_only_the_configured_outcomes_radius_tightens_the_plan() -> None:
+    """The calibrator's prior radius (0.5) widens the robust TTFT p95 by e^0.5 when
+    ``dro_outcomes`` names it (the default) and not otherwise; TPOT p95 keeps its own."""
+    from koi.calibrate import DroCalibrator
+    from koi.causal.store import BeliefStore
+    from koi.planner.tick import evaluate_stage, propose_stage
+
+    chat = JobStatus(spec=parse_job({"kind": "online", "id": "chat", "model": "llama-3.1-8b",
+                                     "arrival": {"rate_rps": 2}, "input_len": 800,
+                                     "output_len": 200,
+                                     "slo": {"ttft_ms": 2000, "tpot_ms": 100}}),
+                     admitted=False, rejected=False)
+    snap = ClusterSnapshot(0, 0.0, 60.0, 3600.0, (OfferingCapacity(H100, 8, 0),), (), (chat,))
+    no_ttft = KoiSettings(backend="numpy", dro_outcomes=("tpot_p95", "throughput"))
+    props = propose_stage(snap, [], FAST, CAT)
+    ev = {name: evaluate_stage(props, snap, BeliefStore(), DroCalibrator(), s, CAT)
+          for name, s in (("default", FAST), ("no_ttft", no_ttft))}
+    assert set(FAST.dro_outcomes) == {"ttft_p95", "tpot_p95", "throughput"}
+    ratio_ttft = ev["default"].ttft_p95_ms / ev["no_ttft"].ttft_p95_ms
+    ratio_tpot = ev["default"].tpot_p95_ms / ev["no_ttft"].tpot_p95_ms
+    assert ratio_ttft == pytest.approx(math.exp(0.5))
+    assert ratio_tpot == pytest.approx(1.0)

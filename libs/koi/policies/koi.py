@@ -4,7 +4,8 @@ A thin shell around ``koi.planner.tick.plan_tick``: it keeps the planner state (
 DRO calibrator) between ticks and the per-tick reports (for the learning curves and
 explanations). ``koi-no-causal`` drops beliefs and mechanisms, ``koi-no-learning``
 freezes them (and the radius) at the prior, ``koi-no-dro`` plans on the nominal
-prediction. No planning logic here.
+prediction; ``koi-ttft-nominal`` (a variant) keeps every radius but TTFT p95's. No
+planning logic here.
 """
 
 from __future__ import annotations
@@ -54,9 +55,17 @@ class KoiNoDro(_KoiBase):
     settings = replace(KoiSettings(), use_dro=False)
 
 
+@register("koi-ttft-nominal")
+class KoiTtftNominal(_KoiBase):
+    """Koi with TTFT p95 planned on the beliefs' correction alone (no radius); the TPOT
+    and throughput radii stay. A variant, not an ablation: BENCHMARKS (m)."""
+
+    settings = replace(KoiSettings(), dro_outcomes=("tpot_p95", "throughput"))
+
+
 PLANNER_VARIANTS: dict[str, type[_KoiBase]] = {
     "koi": Koi, "koi-no-causal": KoiNoCausal, "koi-no-learning": KoiNoLearning,
-    "koi-no-dro": KoiNoDro,
+    "koi-no-dro": KoiNoDro, "koi-ttft-nominal": KoiTtftNominal,
 }
 
 
