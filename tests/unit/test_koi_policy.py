@@ -29,8 +29,8 @@ def koi_run():
 
 
 def test_koi_family_is_registered() -> None:
-    assert {"koi", "koi-no-causal", "koi-no-learning", "koi-no-dro", "oracle"} <= set(
-        policy_names())
+    assert {"koi", "koi-no-causal", "koi-no-learning", "koi-no-dro", "oracle",
+            "koi-ttft-nominal"} <= set(policy_names())
 
 
 def test_koi_serves_the_jobs_within_capacity() -> None:
