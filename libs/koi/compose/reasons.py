@@ -53,16 +53,16 @@ def _placed(p: Problem, j: int, row: int, reps: int) -> JobChoice:
         verb = f"moves (churn {float(p.churn[row]):.3g}) to"
     else:
         verb = "placed on"
-    reason = (f"{verb} {t.label(row)} ×{reps} ({gpus} GPUs): {served:,.0f} of {demand:,.0f}"
-              f" tok/s, ${usd:,.2f}/h, SLO risk {float(t.slo_risk[row]):.0%}")
-    if served > demand / SHORT + EPS:
+    amount = f"{served:,.0f} of {demand:,.0f} tok/s"
+    ahead = served > demand / SHORT + EPS      # batch work beyond its pace, or late work
+    if ahead:
         late = job.kind == JobKind.BATCH and job.deadline_s <= 0
-        reason = (f"{verb} {t.label(row)} ×{reps} ({gpus} GPUs): {served:,.0f} tok/s"
-                  + ("; deadline passed: finishing on spare capacity" if late else
-                     f" ({demand:,.0f} at the deadline's pace, the rest ahead of it on spare"
-                     " capacity)")
-                  + f", ${usd:,.2f}/h, SLO risk {float(t.slo_risk[row]):.0%}")
-    elif served < demand * SHORT:
+        amount = (f"{served:,.0f} tok/s (deadline passed: finishing on spare capacity)" if late
+                  else f"{served:,.0f} tok/s ({demand:,.0f} at the deadline's pace, the rest"
+                  " ahead of it on spare capacity)")
+    reason = (f"{verb} {t.label(row)} ×{reps} ({gpus} GPUs): {amount}, ${usd:,.2f}/h,"
+              f" SLO risk {float(t.slo_risk[row]):.0%}")
+    if served < demand * SHORT:
         if job.kind == JobKind.BATCH:
             reason += (f"; deadline at risk: delivers {served / demand:.0%} of the"
                        f" {demand:,.0f} tok/s needed to finish in {job.deadline_s:,.0f} s")
