@@ -74,3 +74,8 @@ def test_only_the_configured_outcomes_radius_tightens_the_plan() -> None:
     ratio_tpot = ev["default"].tpot_p95_ms / ev["no_ttft"].tpot_p95_ms
     assert ratio_ttft == pytest.approx(math.exp(0.5))
     assert ratio_tpot == pytest.approx(1.0)
+
+
+def test_an_unknown_dro_outcome_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="dro_outcomes: ttft not among"):
+        KoiSettings(dro_outcomes=("ttft", "tpot_p95"))

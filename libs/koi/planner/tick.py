@@ -49,6 +49,9 @@ from koi.predictor.api import predict_many
 from koi.predictor.calibration import Calibration
 from koi.predictor.types import LoadMode, Prediction, Workload
 
+# the outcomes whose DRO radius the evaluator applies (``Robustness``'s three radii)
+ROBUST_OUTCOMES: tuple[str, ...] = ("ttft_p95", "tpot_p95", "throughput")
+
 
 @dataclass(frozen=True)
 class KoiSettings:
@@ -63,7 +66,7 @@ class KoiSettings:
     # and hetero-3h / real-104 lose 1.1 / 0.6 (3 seeds, BENCHMARKS (m)): its residual is
     # the queueing tail at a deployment's own load, which one radius at every load
     # over-provisions on a tight fleet and still buys TTFT attainment on a roomy one
-    dro_outcomes: tuple[str, ...] = ("ttft_p95", "tpot_p95", "throughput")
+    dro_outcomes: tuple[str, ...] = ROBUST_OUTCOMES
     migration_budget: int = 4
     compose_time_limit_s: float = 5.0   # a safety net: HiGHS stops at its node limit first
     top_k: int = 40
@@ -78,6 +81,12 @@ class KoiSettings:
     backend: str = "numba"
     # the predictor's efficiency table; None = the fitted one (the oracle passes the world's)
     calibration: Calibration | None = None
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.dro_outcomes) - set(ROBUST_OUTCOMES))
+        if unknown:
+            raise ValueError(f"dro_outcomes: {', '.join(unknown)} not among"
+                             f" {', '.join(ROBUST_OUTCOMES)}")
 
 
 @dataclass(frozen=True)
