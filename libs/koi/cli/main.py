@@ -144,6 +144,27 @@ def bench_accuracy(
     accuracy_tables(console, markdown=markdown, rows=rows)
 
 
+@bench_app.command("steps")
+def bench_steps(
+    markdown: Annotated[bool, Opt(help="Print markdown tables (for docs).")] = False,
+    rows: Annotated[bool, Opt(help="Also list every point.")] = False,
+    file: Annotated[Path | None, Opt(help="Step times from scripts/gpu_steps.py (default: "
+                                          "the H200 runs shipped with Koi).")] = None,
+    accelerator: Annotated[str, Opt(help="Accelerator id the file was measured on.")] = "h200",
+) -> None:
+    """Measured forward-pass step times on a GPU against the predictor's roofline."""
+    from koi.cli.reports import steps_tables
+    from koi.errors import KoiError
+    from koi.predictor.steps import compare_steps
+
+    try:
+        comparison = compare_steps(file, accelerator)
+    except KoiError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from e
+    steps_tables(console, comparison, markdown=markdown, rows=rows)
+
+
 @bench_app.command("bus")
 def bench_bus(
     scenario: Annotated[str, Opt(help="Scenario.")] = "hetero-3h",

@@ -1,6 +1,6 @@
-"""Rich/markdown rendering of the predictor's accuracy, fit and demo.
+"""Rich/markdown rendering of the predictor's accuracy, fit, GPU step times and demo.
 
-Formatting only: the numbers come from ``koi.predictor.accuracy`` and ``.fit``.
+Formatting only: the numbers come from ``koi.predictor.accuracy``, ``.fit`` and ``.steps``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from koi.predictor.accuracy import CaseResult, accuracy_report, summarise
+from koi.predictor.steps import LONG_PROMPT, SMALL_BATCH, Spread, StepsComparison
 
 KINDS = ("throughput", "tpot", "ttft")
 TARGETS = {"throughput": 0.15, "tpot": 0.20, "ttft": 0.35}
@@ -86,6 +87,75 @@ def markdown_tables(results: Sequence[CaseResult], summary: dict[str, dict[str, 
             lines.append(f"| {r.case.row} | {r.case.label} | {r.case.value:,.1f} | "
                          f"{r.predicted:,.1f} | {100 * (r.predicted / r.case.value - 1):+.0f}% |")
     return "\n".join(lines)
+
+
+def _spread(s: Spread | None, fmt: str = "{:.2f}") -> tuple[str, str, str]:
+    """(median, range, n) cells of a spread; dashes when the group is empty."""
+    if s is None:
+        return "–", "–", "0"
+    return fmt.format(s.median), f"{fmt.format(s.low)}–{fmt.format(s.high)}", str(s.n)
+
+
+def _share(value: float | None, of: float, unit: str, scale: float, digits: int) -> str:
+    if value is None:
+        return "not measured"
+    return (f"{value / scale:,.{digits}f} {unit} = {value / of:.2f} of "
+            f"{of / scale:,.{digits}f} {unit}")
+
+
+def steps_summary_tables(c: StepsComparison) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of the summary: ratios by group, then efficiencies."""
+    s = c.summary
+    ratios = [[group, *_spread(spread)] for group, spread in s.ratio.items()]
+    effs = [
+        [f"HBM bandwidth share, decode b ≤ {SMALL_BATCH}", *_spread(s.mem_share),
+         f"eff_mem {s.eff_mem:.2f}"],
+        [f"compute share, prefill ≥ {LONG_PROMPT} tokens", *_spread(s.comp_share),
+         f"eff_comp {s.eff_comp:.2f}"],
+        ["card: copy bandwidth (read + write)", "", "", "",
+         _share(s.copy_bytes_per_s, s.hbm_bw, "TB/s", 1e12, 2)],
+        ["card: bf16 GEMM 8192³", "", "", "",
+         _share(s.gemm_flops, s.peak_flops, "TFLOP/s", 1e12, 0)],
+        [f"run-to-run spread per point ({s.runs} runs)", *_spread(s.run_spread, "{:.1%}"), ""],
+    ]
+    where = f"{s.device} vs catalog {c.accelerator}, trtllm bf16, roofline only"
+    return [(f"Predicted / measured pass time ({where})",
+             ["points", "median predicted / measured", "range", "n"], ratios),
+            ("Implied efficiencies (predictor's bytes or FLOPs ÷ catalog peak × measured time)",
+             ["quantity", "median", "range", "n", "calibration table / catalog"], effs)]
+
+
+def steps_point_table(c: StepsComparison) -> tuple[list[str], list[list[str]]]:
+    header = ["model", "tp", "phase", "batch", "ctx", "measured ms", "predicted ms", "ratio",
+              "bound", "mem share", "comp share", "run spread"]
+    rows = [[r.model, str(r.tp), r.phase, str(r.batch), str(r.ctx), f"{r.measured_s * 1e3:.3f}",
+             f"{r.predicted_s * 1e3:.3f}", f"{r.ratio:.2f}", r.bound, f"{r.mem_share:.2f}",
+             f"{r.comp_share:.2f}", f"{r.run_spread:.1%}"] for r in c.rows]
+    return header, rows
+
+
+def steps_tables(console: Console, c: StepsComparison, *, markdown: bool = False,
+                 rows: bool = False) -> None:
+    tables = steps_summary_tables(c)
+    if rows:
+        tables.append(("Every point (median over runs)", *steps_point_table(c)))
+    if markdown:
+        print("\n\n".join(_markdown(header, body) for _, header, body in tables))
+        return
+    # a pipe or a log file gets the full tables, not ones squeezed into 80 columns
+    wide = console if console.is_terminal else Console(file=console.file, width=160)
+    for title, header, body in tables:
+        t = Table(title=title)
+        for i, col in enumerate(header):
+            t.add_column(col, justify="left" if i == 0 else "right")
+        for line in body:
+            t.add_row(*line)
+        wide.print(t)
+
+
+def _markdown(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(line) + " |" for line in body])
 
 
 def calibrate_report(console: Console, *, write: bool, cv: bool) -> None:
