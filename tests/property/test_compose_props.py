@@ -1,6 +1,11 @@
 """Composer invariants (hypothesis): no plan exceeds capacity, every job gets exactly one
 decision with a reason, an impossible SLO is a rejection, and the MILP is at least as good
-as the greedy (and exact on tiny ticks, against brute force)."""
+as the greedy (and exact on tiny ticks, against brute force).
+
+Capacity is checked against the rule written out here, independently of
+``Problem.use``: a plan may occupy the free GPUs and those the jobs hold; an unplaced job
+occupies what it holds if it keeps it unplaced, a job placed in place its replicas, and
+a job that moves its replicas and what it holds (make-before-break)."""
 
 from __future__ import annotations
 
@@ -33,10 +38,14 @@ def ticks(draw: st.DrawFn, max_jobs: int = 6, max_cands: int = 5) -> ComposeInpu
     for j in range(n_jobs):
         jid = f"j{j}"
         lo = draw(st.integers(0, 2))
+        placed = draw(st.booleans())
+        held = {o: draw(st.sampled_from([1, 2, 4, 8, 16]))
+                for o in draw(st.sets(st.sampled_from(OFFERINGS), max_size=2))} if placed else {}
         common = dict(priority=draw(st.integers(0, 9)), min_replicas=lo,
                       max_replicas=draw(st.integers(max(lo, 1), 6)),
                       value_per_tok=draw(st.sampled_from([1e-7, 1e-5, 1e-4, 1e-3])),
-                      currently_placed=draw(st.booleans()),
+                      currently_placed=placed, held_gpus=held,
+                      keeps_gpus_unplaced=draw(st.booleans()),
                       best_infeasible_reason=draw(st.sampled_from(["", "TTFT p95 340 ms > 200"])))
         if draw(st.booleans()):
             jobs.append(JobDemand(jid, JobKind.ONLINE, demand_rate_rps=draw(st.floats(0, 50)),
@@ -55,9 +64,10 @@ def ticks(draw: st.DrawFn, max_jobs: int = 6, max_cands: int = 5) -> ComposeInpu
                 usd_per_hour_per_replica=draw(st.floats(0, 30)),
                 max_rate_per_replica=draw(st.floats(0, 20)),
                 slo_risk=draw(st.floats(0, 1)), preemption_exposure=draw(st.floats(0, 0.5)),
-                is_current=c == 0 and common["currently_placed"],
+                is_current=c == 0 and placed,
                 migration_cost=draw(st.floats(0, 50)),
-                feasible_slo=draw(st.booleans()) or draw(st.booleans())))
+                feasible_slo=draw(st.booleans()) or draw(st.booleans()),
+                in_place=placed and (c == 0 or draw(st.booleans()))))
     capacity = {o: draw(st.integers(0, 24)) for o in OFFERINGS}
     weights = ComposeWeights(cost=draw(st.sampled_from([0.0, 1.0, 3.0])),
                              risk=draw(st.sampled_from([0.0, 1.0])),
@@ -67,27 +77,44 @@ def ticks(draw: st.DrawFn, max_jobs: int = 6, max_cands: int = 5) -> ComposeInpu
                         top_k=draw(st.integers(1, 6)))
 
 
+def occupied(job: JobDemand, cand: ScoredCandidate | None, replicas: int) -> dict[str, int]:
+    """GPUs per offering that ``job`` occupies with ``replicas`` of ``cand`` (None: unplaced)."""
+    out = dict(job.held_gpus) if (job.keeps_gpus_unplaced if cand is None
+                                  else not cand.in_place) else {}
+    if cand is not None:
+        out[cand.offering] = out.get(cand.offering, 0) + cand.gpus_per_replica * replicas
+    return out
+
+
+def within(inp: ComposeInput, occupancy: list[dict[str, int]]) -> bool:
+    for off in OFFERINGS:
+        held = sum(j.held_gpus.get(off, 0) for j in inp.jobs)
+        if sum(o.get(off, 0) for o in occupancy) > inp.capacity[off] + held:
+            return False
+    return True
+
+
 @SETTINGS
 @given(ticks(), st.sampled_from(["auto", "greedy"]))
 def test_plan_never_exceeds_capacity_and_decides_every_job(inp: ComposeInput, solver: str):
     plan = compose(ComposeInput(**{**inp.__dict__, "solver": solver}))
     assert [c.job_id for c in plan.choices] == [j.job_id for j in inp.jobs]
     by_id = {c.candidate_id: c for c in inp.candidates}  # type: ignore[union-attr]
-    used = dict.fromkeys(OFFERINGS, 0)
-    for choice in plan.choices:
+    occupancy = []
+    for job, choice in zip(inp.jobs, plan.choices, strict=True):
         assert choice.reason
         placed = choice.decision == Decision.PLACE
         assert (choice.replicas >= 1) == placed
-        if placed:
-            cand = by_id[choice.candidate_id]
+        cand = by_id[choice.candidate_id] if placed else None
+        if cand is not None:
             assert cand.job_id == choice.job_id and cand.feasible_slo
             assert choice.gpus == cand.gpus_per_replica * choice.replicas
-            used[cand.offering] += choice.gpus
         else:
             assert choice.candidate_id is None and choice.gpus == 0
+        occupancy.append(occupied(job, cand, choice.replicas))
+    assert within(inp, occupancy)
     for off in OFFERINGS:
-        assert used[off] <= inp.capacity[off]
-        assert plan.gpus_by_offering.get(off, 0) == used[off]
+        assert plan.gpus_by_offering.get(off, 0) == sum(o.get(off, 0) for o in occupancy)
 
 
 @SETTINGS
@@ -123,19 +150,18 @@ def test_milp_matches_brute_force_on_tiny_ticks(inp: ComposeInput):
     p = build_problem(inp)
     exact = solve_milp(p, time_limit_s=5.0, mip_rel_gap=0.0)
     assert exact.assignment is not None
+    cands = list(inp.candidates)
     per_job = []
     for j in range(len(p.jobs)):
         opts: list[tuple[int, int] | None] = [None]
         for row in p.kept[p.job_of[p.kept] == j].tolist():
-            top = min(p.jobs[j].max_replicas, int(p.free[p.off_of[row]]))
+            top = min(p.jobs[j].max_replicas, 24 + sum(p.jobs[j].held_gpus.values()))
             opts += [(row, r) for r in range(int(p.lo[row]), top + 1)]
         per_job.append(opts)
     best = 0.0
     for combo in itertools.product(*per_job):
-        used = [0] * len(p.offerings)
-        for o in combo:
-            if o is not None:
-                used[p.off_of[o[0]]] += int(p.table.gpus_per_replica[o[0]]) * o[1]
-        if all(u <= f for u, f in zip(used, p.free, strict=True)):
+        occupancy = [occupied(job, cands[o[0]] if o else None, o[1] if o else 0)
+                     for job, o in zip(p.jobs, combo, strict=True)]
+        if within(inp, occupancy):
             best = max(best, sum(contribution(p, *o)[0] for o in combo if o is not None))
     assert evaluate(p, exact.assignment) >= best - 1e-6 * (1 + abs(best))

@@ -242,3 +242,68 @@ def test_a_late_batch_job_finishes_on_spare_capacity_only():
         JobDemand.batch("x", remaining_tokens=1.0, time_left_s=1.0, pace=0.5)
     with pytest.raises(InvalidSpecError, match="ahead"):
         ComposeWeights(ahead=1.5)
+
+
+# --- GPUs the jobs hold: in place, moves (make-before-break), released or kept ----------
+
+def batch(job: str, tok_s: float, **kw: object) -> JobDemand:
+    return JobDemand.batch(job, remaining_tokens=tok_s * 3600.0, time_left_s=3600.0,
+                           **kw)  # type: ignore[arg-type]
+
+
+def test_a_deferred_batch_job_releases_its_gpus_to_a_higher_priority_one():
+    """Nothing free; the batch job's 8 GPUs go to the online job (the batch one drains)."""
+    jobs = [batch("b", 8000, priority=2, held_gpus={H100: 8}, currently_placed=True),
+            online("o", 8000, priority=8, keeps_gpus_unplaced=True)]
+    cands = [cand("b", "b-here", H100, gpus=8, goodput=8000, is_current=True, in_place=True),
+             cand("o", "o-new", H100, gpus=8, goodput=8000)]
+    plan = compose(ComposeInput(jobs=jobs, candidates=cands, capacity={H100: 0}))
+    assert plan.choice("o").decision == Decision.PLACE
+    assert plan.choice("b").decision == Decision.DEFER
+    assert plan.gpus_by_offering[H100] == 8 and plan.free_by_offering[H100] == 8
+
+
+def test_an_unplaced_online_job_keeps_its_gpus():
+    """The same tick with an online job holding the GPUs: left unplaced it keeps serving
+    on them, so the newcomer cannot have them."""
+    jobs = [online("old", 8000, priority=2, held_gpus={H100: 8}, currently_placed=True,
+                   keeps_gpus_unplaced=True),
+            online("new", 8000, priority=8, keeps_gpus_unplaced=True)]
+    cands = [cand("old", "old-here", H100, gpus=8, goodput=8000, usd=1e6, is_current=True,
+                  in_place=True),   # not worth its price: the plan leaves it unplaced
+             cand("new", "new-h100", H100, gpus=8, goodput=8000)]
+    plan = compose(ComposeInput(jobs=jobs, candidates=cands, capacity={H100: 0}))
+    assert plan.choice("old").decision == Decision.DEFER
+    assert plan.choice("new").decision == Decision.DEFER
+    assert "no capacity" in plan.choice("new").reason
+
+
+@pytest.mark.parametrize("free, moves", [(4, False), (8, True)])
+def test_a_move_holds_the_old_gpus_until_it_completes(free: int, moves: bool):
+    """Moving 4 GPUs' worth to a better configuration on the same offering needs 4 new
+    GPUs while the old 4 still serve: it happens only when 8 are there in all."""
+    jobs = [online("a", 4000, held_gpus={H100: 4}, currently_placed=True,
+                   keeps_gpus_unplaced=True)]
+    cands = [cand("a", "here", H100, gpus=4, goodput=2000, is_current=True, in_place=True),
+             cand("a", "better", H100, gpus=4, goodput=4000)]
+    plan = compose(ComposeInput(jobs=jobs, candidates=cands, capacity={H100: free - 4},
+                                weights=ComposeWeights(churn=0.0)))
+    c = plan.choice("a")
+    assert c.decision == Decision.PLACE
+    assert (c.candidate_id == "better") == moves
+    assert plan.gpus_by_offering[H100] == (8 if moves else 4)   # staying: 1 replica
+
+
+def test_staying_in_place_needs_no_free_gpus_and_scaling_up_needs_only_the_difference():
+    jobs = [online("a", 6000, held_gpus={H100: 4}, currently_placed=True,
+                   keeps_gpus_unplaced=True)]
+    cands = [cand("a", "here", H100, gpus=2, goodput=1000, is_current=True, in_place=True)]
+    plan = compose(ComposeInput(jobs=jobs, candidates=cands, capacity={H100: 4}))
+    c = plan.choice("a")
+    assert (c.decision, c.replicas, c.gpus) == (Decision.PLACE, 4, 8)   # 2 held + 2 more
+    assert plan.gpus_by_offering[H100] == 8 and plan.free_by_offering[H100] == 8
+
+
+def test_held_gpus_must_not_be_negative():
+    with pytest.raises(InvalidSpecError, match="held_gpus"):
+        online("a", 100, held_gpus={H100: -1})

@@ -18,11 +18,15 @@ chosen candidate c of every placed job j with x replicas:
     demand_j  = demand_rate_rps · tok_per_request (online) | required_tok_s (batch)
 
 subject to: at most one candidate per job, ``min_replicas ≤ x ≤ max_replicas``, and per
-offering Σ gpus_per_replica · x ≤ free GPUs. The exact solve is a MILP (``milp.py``) with
-HiGHS's time limit and relative gap, seeded by the greedy (``greedy.py``), which is always
-computed and is the plan when HiGHS fails, its answer is invalid, the problem is too large
-or ``solver="greedy"``. Jobs with no SLO-feasible candidate are rejected
-with the evaluator's reason; every other unplaced job is deferred with why.
+offering the GPUs the plan occupies ≤ free GPUs + those the jobs hold now, where a job
+left unplaced keeps what it holds if it is online (it serves on, as it is) and releases
+it if batch (drained), an in-place candidate reuses what its job holds, and a move
+occupies its new GPUs and the old ones (make-before-break) — ``problem.py``. The exact
+solve is a MILP (``milp.py``) with HiGHS's time limit and relative gap, seeded by the
+greedy (``greedy.py``), which is always computed and is the plan when HiGHS fails, its
+answer is invalid, the problem is too large or ``solver="greedy"``. Jobs with no
+SLO-feasible candidate are rejected with the evaluator's reason; every other unplaced job
+is deferred with why.
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ def compose(inp: ComposeInput) -> ComposePlan:
         solve_s=time.perf_counter() - t0, milp_s=milp.seconds if milp is not None else 0.0,
         candidates_in=len(p.table), candidates_kept=p.n,
         gpus_by_offering={o: int(u) for o, u in zip(p.offerings, used, strict=True) if u},
-        free_by_offering={o: int(f) for o, f in zip(p.offerings, p.free, strict=True)})
+        free_by_offering={o: int(f) for o, f in zip(p.offerings, p.avail, strict=True)})
 
 
 def _pick(p: Problem, milp: MilpResult, greedy: Assignment,

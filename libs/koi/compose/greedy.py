@@ -27,7 +27,7 @@ from koi.compose.problem import (
 
 def solve_greedy(p: Problem) -> Assignment:
     sol = empty_assignment(len(p.jobs))
-    left = p.free.copy()
+    left = p.room.copy()
     by_job = _rows_by_job(p)
     order = _job_order(p, by_job)
     # first every job's work at pace, then work ahead of pace on the capacity left
@@ -46,23 +46,22 @@ def solve_greedy(p: Problem) -> Assignment:
             if pick is not None:
                 _take(p, sol, left, j, *pick)
             continue
-        gpr = int(p.table.gpus_per_replica[row])
-        more = best_replicas(p, row, min(int(p.hi[row]), reps + int(left[p.off_of[row]]) // gpr))
-        if more > reps and contribution(p, row, more)[0] > contribution(p, row, reps)[0]:
-            left[p.off_of[row]] += gpr * reps
-            _take(p, sol, left, j, row, more)
+        left += p.use(np.array([row]), np.array([reps]))[0]   # as if unplaced again
+        more = best_replicas(p, row, min(int(p.hi[row]), p.fit_replicas(row, left)))
+        _take(p, sol, left, j, row, more if more > reps and contribution(p, row, more)[0]
+              > contribution(p, row, reps)[0] else reps)
     return sol
 
 
 def _take(p: Problem, sol: Assignment, left: np.ndarray, j: int, row: int, reps: int) -> None:
     sol.row[j] = row
     sol.replicas[j] = reps
-    left[p.off_of[row]] -= int(p.table.gpus_per_replica[row]) * reps
+    left -= p.use(np.array([row]), np.array([reps]))[0]
 
 
 def best_option(p: Problem, rows: np.ndarray, left: np.ndarray,
                 at_pace: bool = False) -> tuple[int, int] | None:
-    """The greedy's pick among ``rows`` given ``left`` GPUs per offering, or None.
+    """The greedy's pick among ``rows`` given ``left`` room per offering, or None.
 
     ``at_pace`` leaves out replicas that would only serve work ahead of a batch job's pace.
     """
@@ -70,7 +69,7 @@ def best_option(p: Problem, rows: np.ndarray, left: np.ndarray,
     top = p.hi_at_pace if at_pace else p.hi
     for row in rows.tolist():
         gpr = int(p.table.gpus_per_replica[row])
-        limit = min(int(top[row]), int(left[p.off_of[row]]) // gpr)
+        limit = min(int(top[row]), p.fit_replicas(row, left))
         reps = best_replicas(p, row, limit)
         if reps == 0:
             continue

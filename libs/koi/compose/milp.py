@@ -11,11 +11,12 @@ minimum replicas are paid only in proportion to x/hi), and HiGHS needed ~2 s to 
         s = min(d[j] + ahead[j], cap[c]·r)                     (the exact objective term)
     maximise  Σ_k f[k]·z[k]
     s.t.      Σ_{k of job j} z[k] ≤ 1                   (one candidate, one replica count)
-              Σ_{k on offering o} gpus[c]·r·z[k] ≤ free[o]
+              Σ_k use[k, o]·z[k] ≤ room[o]     (per offering; ``Problem.use``)
 
 which has exactly the same feasible plans and objective values (served = min(d, cap·r) is
 what the textbook form's s[c] equals at its optimum, with ahead[j] = 0), and whose LP
-relaxation is the convex hull of each job's options. Options of one job on one offering compete only
+relaxation is the convex hull of each job's options. Options of one job on one offering
+that all stay in place, or all move, use the same capacity elsewhere and compete only
 through (GPUs on that offering, value), so only that Pareto frontier is kept: options
 with more GPUs and no more value, or no positive value, can never be in an optimum.
 
@@ -45,10 +46,11 @@ class Options:
 
     row: np.ndarray       # table row of the candidate
     replicas: np.ndarray
-    gpus: np.ndarray
+    gpus: np.ndarray      # GPUs of its replicas (on its own offering)
     value: np.ndarray     # objective term f[k]
     job: np.ndarray
     off: np.ndarray
+    use: np.ndarray       # (k, O) capacity used of the room, ``Problem.use``
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,9 +75,12 @@ def options(p: Problem) -> Options:
     gpus = p.table.gpus_per_replica[row] * reps
     pos = value > EPS
     row, reps, job, off, value, gpus = (v[pos] for v in (row, reps, job, off, value, gpus))
-    # per (job, offering): ascending GPUs, best value first; keep strict improvements only
-    order = np.lexsort((row, reps, -value, gpus, off, job))
-    group = np.r_[True, (job[order][1:] != job[order][:-1]) | (off[order][1:] != off[order][:-1])]
+    moves = ~p.table.in_place[row]
+    # per (job, offering, in place or not): ascending GPUs, best value first; keep strict
+    # improvements only
+    order = np.lexsort((row, reps, -value, gpus, moves, off, job))
+    key = np.stack([job, off, moves.astype(np.int64)])[:, order]
+    group = np.r_[True, (key[:, 1:] != key[:, :-1]).any(axis=0)]
     keep = np.zeros(order.size, dtype=bool)
     starts = np.flatnonzero(group)
     ends = np.r_[starts[1:], order.size]
@@ -85,7 +90,7 @@ def options(p: Problem) -> Options:
         keep[s:e] = vals[s:e] > prev + EPS
     k = np.sort(order[keep], kind="stable")
     return Options(row=row[k], replicas=reps[k], gpus=gpus[k], value=value[k], job=job[k],
-                   off=off[k])
+                   off=off[k], use=p.use(row[k], reps[k]))
 
 
 def solve_milp(p: Problem, time_limit_s: float, mip_rel_gap: float,
@@ -158,12 +163,14 @@ def _rows(p: Problem, opt: Options, cols: np.ndarray,
           extra: int = 0) -> tuple[csr_array, np.ndarray]:
     """One-per-job rows, then one capacity row per offering used; ``extra`` empty columns."""
     jn, m = len(p.jobs), cols.size
-    used_off, off_row = np.unique(opt.off[cols], return_inverse=True)
+    use = opt.use[cols]
+    used_off = np.flatnonzero((use != 0).any(axis=0))
+    k_use, o_use = np.nonzero(use[:, used_off])
     k = np.arange(m)
-    r = np.r_[opt.job[cols], jn + off_row]
-    v = np.r_[np.ones(m), opt.gpus[cols].astype(np.float64)]
-    a = csr_array(coo_array((v, (r, np.r_[k, k])), shape=(jn + used_off.size, m + extra)))
-    return a, np.r_[np.ones(jn), p.free[used_off].astype(np.float64)]
+    r = np.r_[opt.job[cols], jn + o_use]
+    v = np.r_[np.ones(m), use[k_use, used_off[o_use]].astype(np.float64)]
+    a = csr_array(coo_array((v, (r, np.r_[k, k_use])), shape=(jn + used_off.size, m + extra)))
+    return a, np.r_[np.ones(jn), p.room[used_off].astype(np.float64)]
 
 
 def _solve(p: Problem, opt: Options, cols: np.ndarray, total: float, time_limit_s: float,
@@ -199,17 +206,17 @@ def _round(p: Problem, opt: Options, z: np.ndarray) -> Assignment:
     by_job = [np.flatnonzero(opt.job == j) for j in range(len(p.jobs))]
     sol = empty_assignment(len(p.jobs))
     pick = np.full(len(p.jobs), -1, dtype=np.int64)     # option index per job
-    left = p.free.copy()
+    left = p.room.copy()
     for j in np.lexsort((np.arange(len(p.jobs)), -p.value * p.demand)).tolist():
         ks = by_job[j]
-        fit = ks[opt.gpus[ks] <= left[opt.off[ks]]]
+        fit = ks[(opt.use[ks] <= left).all(axis=1)]
         if fit.size == 0:
             continue
         weighted = fit[z[fit] > 1e-6]
         k = (weighted[np.argmax(z[weighted])] if weighted.size
              else fit[np.argmax(opt.value[fit])])
         pick[j] = k
-        left[opt.off[k]] -= opt.gpus[k]
+        left -= opt.use[k]
     for _ in range(3):
         if not _improve(opt, by_job, pick, left):
             break
@@ -227,17 +234,13 @@ def _improve(opt: Options, by_job: list[np.ndarray], pick: np.ndarray,
         if ks.size == 0:
             continue
         cur = int(pick[j])
-        room = left[opt.off[ks]].copy()
-        if cur >= 0:
-            room[opt.off[ks] == opt.off[cur]] += opt.gpus[cur]
-        fit = ks[opt.gpus[ks] <= room]
+        room = left + opt.use[cur] if cur >= 0 else left
+        fit = ks[(opt.use[ks] <= room).all(axis=1)]
         if fit.size == 0:
             continue
         k = int(fit[np.argmax(opt.value[fit])])
         if opt.value[k] > (opt.value[cur] if cur >= 0 else 0.0) + EPS:
-            if cur >= 0:
-                left[opt.off[cur]] += opt.gpus[cur]
-            left[opt.off[k]] -= opt.gpus[k]
+            left[:] = room - opt.use[k]
             pick[j] = k
             moved = True
     return moved

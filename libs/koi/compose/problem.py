@@ -2,9 +2,21 @@
 
 ``build_problem`` turns a ``ComposeInput`` into per-job and per-candidate coefficient
 arrays (one definition of the objective that the MILP, the greedy and the tests share),
-drops candidates that can never be chosen (SLO-infeasible, not fitting free capacity,
+drops candidates that can never be chosen (SLO-infeasible, not fitting the room left,
 losing money on every replica) and keeps the top-K per job by value density.
 ``evaluate`` scores an assignment exactly. No solver calls, no I/O.
+
+Capacity. The plan disposes of every free GPU and every GPU the jobs hold now
+(``avail``). What a plan occupies on each offering: an unplaced job what it keeps
+(``keep``: an online job left serving; a batch job is drained and keeps nothing); a job
+placed in place its replicas' GPUs; a job that moves its new replicas' GPUs *and* what
+it holds now, since the old deployment serves until the new one is ready. Written as
+the change from leaving the job unplaced, option k of job j uses
+
+    use_k = gpus_k · e(offering_k) + extra[j, moves_k],   extra[j, m] = m·held[j] − keep[j]
+
+of ``room = avail − Σ_j keep[j]`` (vectors over offerings); ``Problem.use`` is that one
+definition, shared by the MILP's rows, the greedy and the checks.
 """
 
 from __future__ import annotations
@@ -33,7 +45,12 @@ class Problem:
     jobs: tuple[JobDemand, ...]
     table: CandidateTable
     offerings: tuple[str, ...]
-    free: np.ndarray             # (O,) free GPUs per offering
+    free: np.ndarray             # (O,) free GPUs per offering (not held by any job)
+    avail: np.ndarray            # (O,) free + held: what the plan disposes of
+    room: np.ndarray             # (O,) avail − what unplaced jobs keep
+    held: np.ndarray             # (J, O) GPUs each job holds now
+    extra: np.ndarray            # (J, 2, O) use beyond an option's own GPUs: [in place, move]
+    holds: np.ndarray            # (J,) bool: the job holds GPUs (its extra is not all 0)
     demand: np.ndarray           # (J,) tok/s wanted
     ahead: np.ndarray            # (J,) tok/s beyond demand worth ``ahead_share`` as much
     ahead_share: float           # ComposeWeights.ahead
@@ -65,6 +82,27 @@ class Problem:
     def value_total(self) -> float:
         """The objective's ceiling before costs: every job's demand and ahead work served."""
         return float((self.value * (self.demand + self.ahead_share * self.ahead)).sum())
+
+    def use(self, rows: np.ndarray, replicas: np.ndarray) -> np.ndarray:
+        """(len(rows), O): capacity each option (row, replicas) uses of ``room``."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = self.extra[self.job_of[rows], (~self.table.in_place[rows]).astype(np.int64)]
+        out[np.arange(rows.size), self.off_of[rows]] += \
+            self.table.gpus_per_replica[rows] * np.asarray(replicas, dtype=np.int64)
+        return out
+
+    def fit_replicas(self, row: int, left: np.ndarray) -> int:
+        """The most replicas of ``row`` that ``left`` (room per offering) allows; 0 when
+        even its other offerings' part does not fit. (Hot in the greedy: no temporaries
+        for the common job that holds nothing.)"""
+        j, moves, off = self.job_of[row], int(not self.table.in_place[row]), self.off_of[row]
+        base = self.extra[j, moves]
+        if self.holds[j]:
+            over = base > left
+            over[off] = False
+            if over.any():
+                return 0
+        return max(int(left[off] - base[off]) // int(self.table.gpus_per_replica[row]), 0)
 
     def terms(self, rows: np.ndarray, replicas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(objective term, served tok/s) of running ``replicas`` of each table row.
@@ -98,10 +136,19 @@ def build_problem(inp: ComposeInput) -> Problem:
     except KeyError as e:
         raise InvalidSpecError("candidates.job_id", f"unknown job {e.args[0]!r}") from None
 
-    offerings = tuple(sorted(set(inp.capacity) | set(table.offering.tolist())))
+    offerings = tuple(sorted(set(inp.capacity) | set(table.offering.tolist())
+                             | {o for j in jobs for o in j.held_gpus}))
     oindex = {o: i for i, o in enumerate(offerings)}
     off_of = np.fromiter((oindex[o] for o in table.offering), np.int64, len(table))
     free = np.array([int(inp.capacity.get(o, 0)) for o in offerings], dtype=np.int64)
+    held = np.zeros((len(jobs), len(offerings)), dtype=np.int64)
+    for i, j in enumerate(jobs):
+        for o, g in j.held_gpus.items():
+            held[i, oindex[o]] = g
+    keep = held * np.array([j.keeps_gpus_unplaced for j in jobs], dtype=np.int64)[:, None]
+    extra = np.stack([-keep, held - keep], axis=1)
+    avail = free + held.sum(axis=0)
+    room = avail - keep.sum(axis=0)
 
     kind_online = np.array([j.kind == JobKind.ONLINE for j in jobs], dtype=bool)
     tpr = _tokens_per_request(jobs, table, job_of)
@@ -124,7 +171,9 @@ def build_problem(inp: ComposeInput) -> Problem:
 
     min_r = np.array([max(1, j.min_replicas) for j in jobs], dtype=np.int64)
     max_r = np.array([j.max_replicas for j in jobs], dtype=np.int64)
-    fit_r = free[off_of] // gpr
+    # replicas that fit the room left with every other job unplaced
+    own = extra[job_of, (~table.in_place).astype(np.int64), off_of]
+    fit_r = np.maximum(room[off_of] - own, 0) // gpr
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         need = np.where(cap > 0, np.ceil(demand[job_of] / cap - EPS), 0.0)
         want = np.where(cap > 0, np.ceil((demand + ahead)[job_of] / cap - EPS), 0.0)
@@ -144,7 +193,8 @@ def build_problem(inp: ComposeInput) -> Problem:
     profitable = fits & (cap > 0) & (net > EPS) & ((demand + ahead)[job_of] > 0)
     density = net / gpr
     kept = _prune(profitable, job_of, off_of, density, table.is_current, inp.top_k)
-    return Problem(jobs=jobs, table=table, offerings=offerings, free=free, demand=demand,
+    return Problem(jobs=jobs, table=table, offerings=offerings, free=free, avail=avail,
+                   room=room, held=held, extra=extra, holds=held.any(axis=1), demand=demand,
                    ahead=ahead, ahead_share=w.ahead, value=value, job_of=job_of,
                    off_of=off_of, cap=cap, a=a, cost=cost, churn=churn, lo=lo, hi=hi,
                    hi_at_pace=hi_at_pace, fits=fits, profitable=profitable,
@@ -209,11 +259,11 @@ def evaluate(p: Problem, sol: Assignment) -> float:
 
 
 def gpus_used(p: Problem, sol: Assignment) -> np.ndarray:
-    """(O,) GPUs the assignment uses per offering."""
-    used = np.zeros(len(p.offerings), dtype=np.int64)
-    for r, x in zip(sol.row, sol.replicas, strict=True):
-        if r >= 0:
-            used[p.off_of[r]] += int(p.table.gpus_per_replica[r]) * int(x)
+    """(O,) GPUs the plan occupies per offering (≤ ``p.avail`` when valid)."""
+    placed = np.flatnonzero(sol.row >= 0)
+    used = p.avail - p.room
+    if placed.size:
+        used = used + p.use(sol.row[placed], sol.replicas[placed]).sum(axis=0)
     return used
 
 
@@ -228,7 +278,7 @@ def check_assignment(p: Problem, sol: Assignment) -> str:
             return f"job {p.jobs[j].job_id} got a foreign or SLO-infeasible candidate"
         if not p.lo[r] <= x <= p.jobs[j].max_replicas:
             return f"job {p.jobs[j].job_id} got {x} replicas outside its bounds"
-    over = np.flatnonzero(gpus_used(p, sol) > p.free)
+    over = np.flatnonzero(gpus_used(p, sol) > p.avail)
     if over.size:
         return f"offering {p.offerings[int(over[0])]} over capacity"
     return ""

@@ -18,7 +18,7 @@ SHORT = 1 - 1e-6   # served below this share of demand counts as short
 
 
 def explain(p: Problem, sol: Assignment, used: np.ndarray) -> tuple[JobChoice, ...]:
-    left = p.free - used
+    left = p.avail - used
     return tuple(_choice(p, sol, j, left) for j in range(len(p.jobs)))
 
 
@@ -85,13 +85,17 @@ def _defer_reason(p: Problem, sol: Assignment, j: int, feasible: np.ndarray,
     fits = feasible[p.fits[feasible]]
     if fits.size == 0:
         return "no capacity: " + _shortfall(p, feasible)
+    if job.best_infeasible_reason and not (p.cap[fits] > 0).any():
+        # feasible only on the nominal prediction: the planner plans no value for it
+        held = "kept as it runs, nothing added" if job.currently_placed else "not started"
+        return f"{held}: {job.best_infeasible_reason}"
     if not p.profitable[fits].any():
         best = fits[np.argmax(p.a[fits] * p.cap[fits] - p.cost[fits])]
         return (f"not worth its cost at these weights: best option {p.table.label(best)}"
                 f" earns {float(p.a[best] * p.cap[best]):,.2f}/h per replica for"
                 f" {float(p.cost[best]):,.2f}/h")
     kept = p.kept[p.job_of[p.kept] == j]
-    alone = best_option(p, kept, p.free)
+    alone = best_option(p, kept, p.room)
     if alone is None:
         return "not worth its cost: every option's churn and cost exceed the value it serves"
     row, reps = alone
@@ -106,9 +110,12 @@ def _defer_reason(p: Problem, sol: Assignment, j: int, feasible: np.ndarray,
 
 
 def _shortfall(p: Problem, feasible: np.ndarray) -> str:
-    """'needs 8 GPUs of o1 (4 free) or 16 GPUs of o2 (0 free)', up to three offerings."""
+    """'needs 8 GPUs of o1 (4 free) or 16 GPUs of o2 (0 free)', up to three offerings
+    (free: the room with every other job unplaced)."""
     need = p.lo[feasible] * p.table.gpus_per_replica[feasible]
-    short = need - p.free[p.off_of[feasible]]
+    room = p.room[p.off_of[feasible]] - (p.use(feasible, p.lo[feasible])
+                                         [np.arange(feasible.size), p.off_of[feasible]] - need)
+    short = need - room
     parts: list[str] = []
     seen: set[int] = set()
     for i in np.lexsort((feasible, short)).tolist():
@@ -116,7 +123,7 @@ def _shortfall(p: Problem, feasible: np.ndarray) -> str:
         if off in seen:
             continue
         seen.add(off)
-        parts.append(f"{int(need[i])} GPUs of {p.offerings[off]} ({int(p.free[off])} free)")
+        parts.append(f"{int(need[i])} GPUs of {p.offerings[off]} ({int(room[i])} free)")
         if len(parts) == 3:
             break
     more = len(set(p.off_of[feasible].tolist())) - len(parts)

@@ -57,6 +57,7 @@ class ScoredCandidate:
     is_current: bool = False           # the job's running config and offering
     migration_cost: float = 0.0        # churn penalty (objective units) for switching to it
     feasible_slo: bool = True          # can it meet the SLO at all?
+    in_place: bool = False             # keeps the job's running deployment (see the table)
     config: DeploymentConfig | None = None
     label: str = ""                    # short name for reasons; '' = derived from config
 
@@ -79,12 +80,19 @@ class CandidateTable:
     feasible_slo: np.ndarray      # bool
     configs: tuple[DeploymentConfig | None, ...] = ()   # () or one per row
     labels: tuple[str, ...] = ()                        # () or one per row
+    # bool; None = all False. True where the row keeps the job's running deployment on
+    # its offering (it stays, scales or relaunches in place, on the GPUs it holds). Any
+    # other row is a make-before-break move: the job keeps holding what it holds now
+    # (``JobDemand.held_gpus``) until the new deployment serves.
+    in_place: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.job_id)
+        if self.in_place is None:
+            object.__setattr__(self, "in_place", np.zeros(n, dtype=bool))
         for name in ("candidate_id", "offering", "gpus_per_replica", "goodput_tok_s",
                      "usd_per_hour", "max_rate_rps", "slo_risk", "preemption_exposure",
-                     "is_current", "migration_cost", "feasible_slo"):
+                     "is_current", "migration_cost", "feasible_slo", "in_place"):
             if len(getattr(self, name)) != n:
                 raise InvalidSpecError(f"candidates.{name}", f"has {len(getattr(self, name))}"
                                        f" rows, job_id has {n}")
@@ -123,7 +131,7 @@ class CandidateTable:
             slo_risk=col("slo_risk", np.float64),
             preemption_exposure=col("preemption_exposure", np.float64),
             is_current=col("is_current", bool), migration_cost=col("migration_cost", np.float64),
-            feasible_slo=col("feasible_slo", bool),
+            feasible_slo=col("feasible_slo", bool), in_place=col("in_place", bool),
             configs=tuple(c.config for c in cands), labels=tuple(c.label for c in cands))
 
 
@@ -162,6 +170,12 @@ class JobDemand:
     max_replicas: int = 1024                  # when placed: at most this many
     currently_placed: bool = False
     best_infeasible_reason: str = ""          # evaluator's why-not when no candidate meets SLO
+    # offering → GPUs the job's live deployments hold now (draining ones excluded). They
+    # are at the plan's disposal: an in-place candidate reuses them, a move holds them
+    # until it completes, and an unplaced job releases them (drained) unless
+    # ``keeps_gpus_unplaced`` (an online job left serving as it is)
+    held_gpus: Mapping[str, int] = field(default_factory=dict)
+    keeps_gpus_unplaced: bool = False
 
     def __post_init__(self) -> None:
         where = f"jobs[{self.job_id}]"
@@ -172,6 +186,9 @@ class JobDemand:
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise InvalidSpecError(f"{where}.{name}", f"{v} must be finite and ≥ 0")
+        for off, gpus in self.held_gpus.items():
+            if gpus < 0:
+                raise InvalidSpecError(f"{where}.held_gpus[{off}]", f"{gpus} must be ≥ 0")
         if self.min_replicas < 0 or self.max_replicas < max(self.min_replicas, 1):
             raise InvalidSpecError(f"{where}.max_replicas",
                                    f"need 0 ≤ min_replicas ≤ max_replicas and max ≥ 1"
@@ -232,7 +249,7 @@ class ComposeInput:
 
     jobs: Sequence[JobDemand]
     candidates: Sequence[ScoredCandidate] | CandidateTable
-    # offering → free GPUs, counting the GPUs each job's own deployment holds now
+    # offering → free GPUs, not counting those the jobs hold (``JobDemand.held_gpus``)
     capacity: Mapping[str, int]
     weights: ComposeWeights = field(default_factory=ComposeWeights)
     # HiGHS stops at node_limit branch-and-bound nodes (a work limit: the same plan on any
@@ -300,8 +317,8 @@ class ComposePlan:
     milp_s: float                   # time inside HiGHS (0 if not run)
     candidates_in: int
     candidates_kept: int            # after feasibility, capacity and top-K pruning
-    gpus_by_offering: dict[str, int]
-    free_by_offering: dict[str, int]
+    gpus_by_offering: dict[str, int]   # GPUs the plan occupies (moves count both ends)
+    free_by_offering: dict[str, int]   # GPUs at its disposal: free + the jobs' held ones
 
     def choice(self, job_id: str) -> JobChoice:
         for c in self.choices:
