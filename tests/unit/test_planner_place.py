@@ -11,7 +11,7 @@ from koi.cluster import (
     OfferingCapacity,
 )
 from koi.jobs import parse_job
-from koi.planner.place import Target, place
+from koi.planner.place import Target, in_place, place
 from koi.space import engine_default_config
 
 OFF = "aws/us-east-1/h100-sxm/on_demand"
@@ -96,3 +96,41 @@ def test_defer_says_why_when_nothing_runs() -> None:
     (a,) = place([Target("a", "defer", "no capacity: needs 8 GPUs")],
                  snap(jobs=[job("a", False)]))
     assert a.kind == ActionKind.DEFER and "no capacity" in a.reason
+
+
+def batch_job(jid: str) -> JobStatus:
+    spec = parse_job({"kind": "batch", "id": jid, "model": "llama-3.1-8b",
+                      "num_requests": 1000, "input_len": 500, "output_len": 100,
+                      "deadline_s": 3600})
+    return JobStatus(spec=spec, admitted=True, rejected=False)
+
+
+def deferred(jid: str) -> Target:
+    return Target(jid, "defer", "not worth its cost")
+
+
+def test_a_deferred_batch_job_drains_and_a_deferred_online_job_keeps_serving() -> None:
+    deps = [dep("d1", "b", cfg()), dep("d2", "o", cfg())]
+    actions = place([deferred("b"), deferred("o")],
+                    snap(deps, [batch_job("b"), job("o")]))
+    assert [(a.kind, a.deployment_id) for a in actions] == [(ActionKind.DRAIN, "d1")]
+    assert "deferred: not worth its cost" in actions[0].reason
+
+
+def test_an_action_needing_more_than_is_free_waits_instead_of_being_refused() -> None:
+    # OFF has 64 GPUs, 8 used: 56 free, taken in action order
+    actions = place([target("a", cfg(), replicas=40), target("b", cfg(), replicas=20),
+                     target("c", cfg(), replicas=16)],
+                    snap(jobs=[job("a", False), job("b", False), job("c", False)]))
+    assert [a.kind for a in actions] == [ActionKind.LAUNCH, ActionKind.DEFER, ActionKind.LAUNCH]
+    assert "waiting for GPUs: needs 20 on" in actions[1].reason and "16 free now" in \
+        actions[1].reason
+
+
+def test_in_place_is_the_running_deployment_or_a_relaunch_on_its_gpus() -> None:
+    live = [dep("d1", "a", cfg())]
+    assert in_place(live, cfg(), OFF)                      # scaled in place
+    assert in_place(live, cfg(max_num_seqs=64), OFF)       # relaunched on the same GPUs
+    assert not in_place(live, cfg(), OFF2)                 # a swap to other GPUs
+    assert not in_place(live, cfg(tp=2), OFF)              # more GPUs per replica
+    assert not in_place([], cfg(), OFF)

@@ -10,7 +10,8 @@ deployments and emits the least disruptive actions that get there:
 * same offering, new parallelism or engine knobs → RELAUNCH (the ranks restart);
 * anything else → SWAP, make-before-break (the old deployment serves until the new one
   is ready);
-* rejected → REJECT (and STOP anything running); deferred → DEFER with the reason;
+* rejected → REJECT (and STOP anything running); deferred → DEFER with the reason
+  (a deferred batch job's live deployments DRAIN; a deferred online job keeps serving);
 * jobs that are finished → STOP.
 
 Swaps and relaunches interrupt or cost capacity, so at most ``migration_budget`` of them
@@ -50,12 +51,33 @@ def _same_shape(a: DeploymentConfig, b: DeploymentConfig) -> bool:
     return a.with_(offering="", replicas=1) == b.with_(offering="", replicas=1)
 
 
-def _relaunchable(dep: Deployment, target: Target) -> bool:
+def relaunchable(dep: Deployment, config: DeploymentConfig, offering: str) -> bool:
     """Same GPUs (offering and accelerator), only knobs an engine restart can change."""
-    cfg = target.config
-    return (cfg is not None and dep.offering == target.offering
-            and dep.config.accelerator == cfg.accelerator
-            and dep.config.gpus_per_replica == cfg.gpus_per_replica)
+    return (dep.offering == offering and dep.config.accelerator == config.accelerator
+            and dep.config.gpus_per_replica == config.gpus_per_replica)
+
+
+def _primary(live: list[Deployment]) -> Deployment:
+    """The deployment a move starts from: running before starting, then the largest."""
+    return max(live, key=lambda d: (d.state == DeploymentState.RUNNING, d.replicas_ready))
+
+
+def relaunch_source(live: list[Deployment]) -> Deployment | None:
+    """The deployment a RELAUNCH would restart (the primary, once it runs), or None."""
+    primary = _primary(live) if live else None
+    return primary if primary is not None and primary.state == DeploymentState.RUNNING \
+        else None
+
+
+def in_place(live: list[Deployment], config: DeploymentConfig, offering: str) -> bool:
+    """Whether running ``config`` on ``offering`` keeps one of the job's ``live``
+    deployments on the GPUs it holds: the matching one (scaled in place), or the primary
+    relaunched in place. Anything else is a swap, whose old GPUs serve until the new
+    deployment is ready."""
+    if any(_same_shape(d.config, config) and d.offering == offering for d in live):
+        return True
+    source = relaunch_source(live)
+    return source is not None and relaunchable(source, config, offering)
 
 
 def place(targets: Sequence[Target], snapshot: ClusterSnapshot, *, finished: Sequence[str] = (),
@@ -63,6 +85,7 @@ def place(targets: Sequence[Target], snapshot: ClusterSnapshot, *, finished: Seq
     """Actions that move the cluster from ``snapshot`` towards ``targets``."""
     actions: list[Action] = []
     budget = migration_budget
+    batch = {j.id for j in snapshot.jobs if j.is_batch}
     for job_id in finished:
         actions += [Action(ActionKind.STOP, job_id, "job finished", deployment_id=d.id)
                     for d in _live(snapshot, job_id)]
@@ -78,11 +101,53 @@ def place(targets: Sequence[Target], snapshot: ClusterSnapshot, *, finished: Seq
         if t.decision != "place" or t.config is None:
             if not live:
                 actions.append(Action(ActionKind.DEFER, t.job_id, t.reason))
+            elif t.job_id in batch:
+                # the plan has better uses for these GPUs (or none worth their price):
+                # finish what the replicas hold, then free them; an online job keeps
+                # serving, since stopping it would serve no one
+                actions += [Action(ActionKind.DRAIN, t.job_id, f"deferred: {t.reason}",
+                                   deployment_id=d.id) for d in live]
             continue
         new, used = _move(t, live, budget)
         budget -= used
         actions += new
-    return actions
+    return _within_free(actions, snapshot)
+
+
+def _within_free(actions: list[Action], snapshot: ClusterSnapshot) -> list[Action]:
+    """``actions`` with each one that needs more GPUs than are free when it runs turned
+    into a DEFER that says so. The plan may count GPUs that drains started this tick
+    release only when their replicas empty (a deferred batch job, a scale-down); what
+    needs them waits a tick rather than be refused by the cluster."""
+    free = {c.offering: c.free_gpus for c in snapshot.capacity}
+    deps = {d.id: d for d in snapshot.deployments}
+    out = []
+    for a in actions:
+        dep = deps.get(a.deployment_id) if a.deployment_id else None
+        if a.kind == ActionKind.STOP and dep is not None:
+            free[dep.offering] = free.get(dep.offering, 0) + dep.gpus
+        offering, need = _gpus_needed(a, dep)
+        if need > free.get(offering, 0):
+            a = Action(ActionKind.DEFER, a.job_id, f"waiting for GPUs: needs {need} on "
+                       f"{offering}, {free.get(offering, 0)} free now ({a.reason})")
+        elif need:
+            free[offering] -= need
+        out.append(a)
+    return out
+
+
+def _gpus_needed(a: Action, dep: Deployment | None) -> tuple[str, int]:
+    """(offering, free GPUs) an action takes when the cluster applies it."""
+    if a.kind in (ActionKind.LAUNCH, ActionKind.SWAP) and a.config is not None:
+        return a.offering, a.replicas * a.config.gpus_per_replica
+    if dep is None:
+        return "", 0
+    if a.kind == ActionKind.SCALE:
+        have = dep.replicas_ready + dep.replicas_starting
+        return dep.offering, max(a.replicas - have, 0) * dep.config.gpus_per_replica
+    if a.kind == ActionKind.RELAUNCH and a.config is not None:
+        return dep.offering, max(dep.config.replicas * a.config.gpus_per_replica - dep.gpus, 0)
+    return "", 0
 
 
 def _move(t: Target, live: list[Deployment], budget: int) -> tuple[list[Action], int]:
@@ -106,12 +171,12 @@ def _move(t: Target, live: list[Deployment], budget: int) -> tuple[list[Action],
                            replicas=t.replicas)
             return [scale, *tail], 0
         return tail, 0
-    primary = max(live, key=lambda d: (d.state == DeploymentState.RUNNING, d.replicas_ready))
+    primary = _primary(live)
     if primary.state != DeploymentState.RUNNING:
         return [], 0  # let a starting deployment come up before moving it again
     if budget <= 0:
         return [Action(ActionKind.DEFER, t.job_id,
                        f"migration budget spent this tick; keeping {primary.id} ({t.reason})")], 0
-    kind = ActionKind.RELAUNCH if _relaunchable(primary, t) else ActionKind.SWAP
+    kind = ActionKind.RELAUNCH if relaunchable(primary, cfg, t.offering) else ActionKind.SWAP
     return [Action(kind, t.job_id, t.reason, deployment_id=primary.id, config=cfg,
                    offering=t.offering, replicas=t.replicas)], 1

@@ -1,0 +1,73 @@
+"""From evaluated proposals to the composer's inputs: the GPUs a job holds, the rows that
+keep them (in place), and best-effort rows for a job nothing serves robustly."""
+
+from __future__ import annotations
+
+from koi.catalog import load_catalog
+from koi.cluster import ClusterSnapshot, Deployment, DeploymentState, JobStatus, OfferingCapacity
+from koi.compose import ComposeInput, Decision, compose
+from koi.jobs import parse_job
+from koi.planner.candidates import job_demands, job_loads, scored_candidates
+from koi.planner.evaluate import Robustness, evaluate
+from koi.planner.propose import ProposerLimits, propose
+from koi.space import engine_default_config
+
+CAT = load_catalog()
+H100 = "aws/us-east-1/h100-sxm/on_demand"
+L4 = "aws/us-east-1/l4/on_demand"
+
+
+def online(jid: str, ttft_ms: float = 2000) -> JobStatus:
+    spec = parse_job({"kind": "online", "id": jid, "model": "llama-3.1-8b",
+                      "arrival": {"rate_rps": 2}, "input_len": 500, "output_len": 100,
+                      "slo": {"ttft_ms": ttft_ms, "tpot_ms": 100}})
+    return JobStatus(spec=spec, admitted=True, rejected=False)
+
+
+def running_snapshot(job: JobStatus) -> tuple[ClusterSnapshot, Deployment]:
+    cfg = engine_default_config("llama-3.1-8b", "h100-sxm", "vllm", CAT, replicas=2,
+                                offering=H100)
+    dep = Deployment("d1", job.id, cfg, H100, DeploymentState.RUNNING, 2, 0, 0.0)
+    caps = (OfferingCapacity(H100, 8, 2), OfferingCapacity(L4, 8, 0))
+    return ClusterSnapshot(5, 300.0, 60.0, 3600.0, caps, (dep,), (job,)), dep
+
+
+def test_held_gpus_are_the_jobs_and_only_rows_on_them_are_in_place() -> None:
+    job = online("a")
+    snap, dep = running_snapshot(job)
+    props = propose("a", "llama-3.1-8b", ["h100-sxm", "l4"], CAT, current=dep.config,
+                    limits=ProposerLimits(max_per_job=30))
+    loads = job_loads([job], snap, 1.0)
+    ev = evaluate(props, loads, catalog=CAT, backend="numpy")
+    table, capacity = scored_candidates(ev, snap, CAT, 1.0)
+    assert capacity == {H100: 6, L4: 8}            # free GPUs only: the job's 2 are held
+    (demand,) = job_demands([job], loads, snap, ev)
+    assert demand.held_gpus == {H100: 2} and demand.keeps_gpus_unplaced
+    here = [i for i, c in enumerate(table.configs)
+            if c.with_(offering="", replicas=1) == dep.config.with_(offering="", replicas=1)
+            and table.offering[i] == H100]
+    assert table.in_place[here].all() and table.is_current[here].all()
+    assert not table.in_place[table.offering == L4].any()
+
+
+def test_a_job_nothing_serves_robustly_is_held_as_it_runs() -> None:
+    """A radius no configuration survives: the admitted job's rows stay feasible where the
+    nominal prediction meets the SLO (so it is deferred, not rejected and stopped) but
+    carry no goodput (so nothing is added); the reason says so."""
+    job = online("a")
+    snap, dep = running_snapshot(job)
+    props = propose("a", "llama-3.1-8b", ["h100-sxm"], CAT, current=dep.config,
+                    limits=ProposerLimits(max_per_job=10))
+    loads = job_loads([job], snap, 1.0)
+    ev = evaluate(props, loads, catalog=CAT, backend="numpy",
+                  robustness=lambda p: Robustness(radius_ttft=8.0, radius_tpot=8.0))
+    assert not ev.slo_feasible.any() and (ev.nominal_max_rate_rps > 0).any()
+    table, capacity = scored_candidates(ev, snap, CAT, 1.0)
+    assert len(table) == len(props)          # one H100 offering: one row per proposal
+    assert table.feasible_slo.any() and not table.goodput_tok_s.any()
+    assert (table.feasible_slo == (ev.nominal_max_rate_rps > 0)).all()
+    demands = job_demands([job], loads, snap, ev)
+    plan = compose(ComposeInput(jobs=demands, candidates=table, capacity=capacity))
+    choice = plan.choice("a")
+    assert choice.decision == Decision.DEFER
+    assert choice.reason.startswith("kept as it runs, nothing added: no configuration meets")
