@@ -128,9 +128,11 @@ def test_an_action_needing_more_than_is_free_waits_instead_of_being_refused() ->
 
 
 def test_in_place_is_the_running_deployment_or_a_relaunch_on_its_gpus() -> None:
-    live = [dep("d1", "a", cfg())]
-    assert in_place(live, cfg(), OFF)                      # scaled in place
-    assert in_place(live, cfg(max_num_seqs=64), OFF)       # relaunched on the same GPUs
-    assert not in_place(live, cfg(), OFF2)                 # a swap to other GPUs
-    assert not in_place(live, cfg(tp=2), OFF)              # more GPUs per replica
-    assert not in_place([], cfg(), OFF)
+    keeps = in_place([dep("d1", "a", cfg())])
+    assert keeps(cfg(), OFF)                          # scaled in place
+    assert keeps(cfg(max_num_seqs=64), OFF)           # relaunched on the same GPUs
+    assert not keeps(cfg(), OFF2)                     # a swap to other GPUs
+    assert not keeps(cfg(tp=2), OFF)                  # more GPUs per replica
+    assert not in_place([])(cfg(), OFF)
+    starting = dep("d2", "a", cfg(), state=DeploymentState.STARTING)
+    assert not in_place([starting])(cfg(max_num_seqs=64), OFF)   # nothing runs to relaunch

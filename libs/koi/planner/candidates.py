@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from koi.catalog import Catalog
-from koi.cluster import ClusterSnapshot, Deployment, DeploymentState, JobStatus
+from koi.cluster import ClusterSnapshot, DeploymentState, JobStatus
 from koi.compose import CandidateTable, JobDemand
 from koi.jobs import BatchJob, OnlineJob
 from koi.planner.evaluate import Evaluated, JobLoad
-from koi.planner.place import relaunch_source, relaunchable
+from koi.planner.place import in_place
 from koi.policies.common import job_finished
 
 # a replica lost to a spot reclaim costs about this long before its successor serves
@@ -55,12 +55,12 @@ def _live_by_job(snapshot: ClusterSnapshot) -> dict[str, list]:
     return live
 
 
-def _running(deployments: list) -> tuple[list, int, Deployment | None]:
-    """A job's live (configuration, offering) pairs, the replicas it holds and the
-    deployment a relaunch would restart."""
+def _running(deployments: list) -> tuple[list, int, Callable]:
+    """A job's live (configuration, offering) pairs, the replicas it holds and which
+    (configuration, offering) keep its GPUs (``place.in_place``)."""
     return ([(d.config.with_(offering="", replicas=1), d.offering) for d in deployments],
             sum(d.replicas_ready + d.replicas_starting for d in deployments),
-            relaunch_source(deployments))
+            in_place(deployments))
 
 
 def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog,
@@ -81,7 +81,7 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
                      if ok}
     rows: dict[str, list] = defaultdict(list)
     configs = []
-    running: dict[str, tuple] = {}  # per job: (config, offering) pairs, replicas, source
+    running: dict[str, tuple] = {}  # per job: (config, offering) pairs, replicas, in_place
     for i, p in enumerate(ev.proposals):
         goodput, rate, feasible = ev.goodput_tok_s[i], ev.max_rate_rps[i], ev.slo_feasible[i]
         if p.job_id in admitted and p.job_id not in feasible_jobs:
@@ -94,13 +94,11 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
             goodput, rate, feasible = 0.0, 0.0, ev.nominal_max_rate_rps[i] > 0
         if p.job_id not in running:
             running[p.job_id] = _running(live.get(p.job_id, []))
-        current, held, source = running[p.job_id]
+        current, held, keeps = running[p.job_id]
         for off in offers_by_accel.get(p.config.accelerator, []):
             usd = off.usd_per_gpu_hour * p.config.gpus_per_replica
             is_current = (p.config, off.id) in current
-            # = place.in_place(live, config, offering), with the job's part done once
-            rows["in_place"].append(is_current or (source is not None
-                                                   and relaunchable(source, p.config, off.id)))
+            rows["in_place"].append(keeps(p.config, off.id))
             rows["job_id"].append(p.job_id)
             rows["candidate_id"].append(f"{i}@{off.id}")
             rows["offering"].append(off.id)

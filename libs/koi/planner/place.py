@@ -21,7 +21,7 @@ prediction here; the capacity check is the cluster's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from koi.cluster import Action, ActionKind, ClusterSnapshot, Deployment, DeploymentState
@@ -47,11 +47,17 @@ def _live(snapshot: ClusterSnapshot, job_id: str) -> list[Deployment]:
             if d.state in (DeploymentState.STARTING, DeploymentState.RUNNING)]
 
 
+def _shape(cfg: DeploymentConfig) -> DeploymentConfig:
+    """The configuration without where it runs and how many replicas."""
+    return cfg if cfg.offering == "" and cfg.replicas == 1 else cfg.with_(offering="",
+                                                                          replicas=1)
+
+
 def _same_shape(a: DeploymentConfig, b: DeploymentConfig) -> bool:
-    return a.with_(offering="", replicas=1) == b.with_(offering="", replicas=1)
+    return _shape(a) == _shape(b)
 
 
-def relaunchable(dep: Deployment, config: DeploymentConfig, offering: str) -> bool:
+def _relaunchable(dep: Deployment, config: DeploymentConfig, offering: str) -> bool:
     """Same GPUs (offering and accelerator), only knobs an engine restart can change."""
     return (dep.offering == offering and dep.config.accelerator == config.accelerator
             and dep.config.gpus_per_replica == config.gpus_per_replica)
@@ -62,22 +68,25 @@ def _primary(live: list[Deployment]) -> Deployment:
     return max(live, key=lambda d: (d.state == DeploymentState.RUNNING, d.replicas_ready))
 
 
-def relaunch_source(live: list[Deployment]) -> Deployment | None:
+def _relaunch_source(live: list[Deployment]) -> Deployment | None:
     """The deployment a RELAUNCH would restart (the primary, once it runs), or None."""
     primary = _primary(live) if live else None
     return primary if primary is not None and primary.state == DeploymentState.RUNNING \
         else None
 
 
-def in_place(live: list[Deployment], config: DeploymentConfig, offering: str) -> bool:
-    """Whether running ``config`` on ``offering`` keeps one of the job's ``live``
-    deployments on the GPUs it holds: the matching one (scaled in place), or the primary
-    relaunched in place. Anything else is a swap, whose old GPUs serve until the new
-    deployment is ready."""
-    if any(_same_shape(d.config, config) and d.offering == offering for d in live):
-        return True
-    source = relaunch_source(live)
-    return source is not None and relaunchable(source, config, offering)
+def in_place(live: list[Deployment]) -> Callable[[DeploymentConfig, str], bool]:
+    """For one job's ``live`` deployments: whether running a configuration on an offering
+    keeps one of them on the GPUs it holds — the matching one (scaled in place), or the
+    primary relaunched in place. Anything else is a swap, whose old GPUs serve until the
+    new deployment is ready. (The job's part is done once: the planner asks per row.)"""
+    shapes = {(_shape(d.config), d.offering) for d in live}
+    source = _relaunch_source(live)
+
+    def keeps(config: DeploymentConfig, offering: str) -> bool:
+        return (_shape(config), offering) in shapes or (
+            source is not None and _relaunchable(source, config, offering))
+    return keeps
 
 
 def place(targets: Sequence[Target], snapshot: ClusterSnapshot, *, finished: Sequence[str] = (),
@@ -177,6 +186,6 @@ def _move(t: Target, live: list[Deployment], budget: int) -> tuple[list[Action],
     if budget <= 0:
         return [Action(ActionKind.DEFER, t.job_id,
                        f"migration budget spent this tick; keeping {primary.id} ({t.reason})")], 0
-    kind = ActionKind.RELAUNCH if relaunchable(primary, cfg, t.offering) else ActionKind.SWAP
+    kind = ActionKind.RELAUNCH if _relaunchable(primary, cfg, t.offering) else ActionKind.SWAP
     return [Action(kind, t.job_id, t.reason, deployment_id=primary.id, config=cfg,
                    offering=t.offering, replicas=t.replicas)], 1
