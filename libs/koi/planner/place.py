@@ -15,8 +15,10 @@ deployments and emits the least disruptive actions that get there:
 * jobs that are finished → STOP.
 
 Swaps and relaunches interrupt or cost capacity, so at most ``migration_budget`` of them
-happen per tick; the rest keep their current deployment and say why. No composition or
-prediction here; the capacity check is the cluster's.
+happen per tick; the rest keep their current deployment and say why. Last, an action
+that needs more GPUs than are free when it runs (the plan may count GPUs a drain releases
+only later) becomes a DEFER that says so, rather than be refused by the cluster. No
+composition or prediction here.
 """
 
 from __future__ import annotations
