@@ -2,14 +2,17 @@
 
 For each outcome the calibrator keeps the last ``window`` log-residuals log(observed /
 corrected prediction) (after the belief store's correction, so the radius measures what
-the learnt model still gets wrong). The radius is the split-conformal quantile of |r|:
-the ⌈(n+1)·q⌉-th smallest of n, which covers a new exchangeable residual with
-probability ≥ q; with too few residuals for that rank it is max(prior radius, max |r|).
-The robust prediction is the worst case inside the radius: latencies × e^r, throughput
-× e^−r. Each residual is scored against the radius *before* it joins the window, so
-``realised_coverage`` is honest out-of-sample coverage. A window of counts, not ticks:
-as residuals shrink the radius shrinks within a window, and after a world shift it
-grows as soon as more than 1 − q of the window is new.
+the learnt model still gets wrong). Robustness is one-sided: only a latency above its
+prediction, or a throughput below it, hurts a plan, so the radius is the split-conformal
+quantile of the *adverse* part a = max(r, 0) (throughput: max(−r, 0)): the ⌈(n+1)·q⌉-th
+smallest of n, which bounds a new exchangeable residual's adverse part with probability
+≥ q; with too few residuals for that rank it is max(prior radius, max a). The robust
+prediction is the worst case inside the radius: latencies × e^r, throughput × e^−r, and
+it covers an outcome when the outcome is no worse than it. Each residual is scored
+against the radius *before* it joins the window, so ``realised_coverage`` is honest
+out-of-sample coverage. A window of counts, not ticks: as residuals shrink the radius
+shrinks within a window, and after a world shift it grows as soon as more than 1 − q of
+the window is new.
 
 Immutable (``update`` returns the next calibrator); no I/O; the tick is passed in.
 """
@@ -30,10 +33,17 @@ OUTCOMES: tuple[str, ...] = ("ttft", "ttft_p95", "tpot", "tpot_p95", "throughput
 HIGHER_BETTER = frozenset({"throughput"})
 
 
-def conformal_radius(abs_residuals: Iterable[float], coverage: float,
+def adverse(outcome: str, residual: float) -> float:
+    """How much worse than predicted a log residual log(observed / predicted) is:
+    r for a latency, −r for throughput (negative = better than predicted)."""
+    return -residual if outcome in HIGHER_BETTER else residual
+
+
+def conformal_radius(scores: Iterable[float], coverage: float,
                      prior_radius: float) -> float:
-    """The ⌈(n+1)·q⌉-th smallest |r|, or max(prior, max |r|) when that rank exceeds n."""
-    a = sorted(abs_residuals)
+    """The ⌈(n+1)·q⌉-th smallest of n non-negative scores, or max(prior, max score) when
+    that rank exceeds n."""
+    a = sorted(scores)
     n = len(a)
     k = math.ceil(round((n + 1) * coverage, 9))  # round: 20 × 0.9 must be 18, not 18.0…01
     if k > n:
@@ -81,7 +91,8 @@ class DroCalibrator:
     def radius(self, outcome: str) -> float:
         """DRO radius (log space) of ``outcome`` now."""
         self._known(outcome)
-        return conformal_radius((abs(r) for r in self.residuals.get(outcome, ())),
+        return conformal_radius((max(adverse(outcome, r), 0.0)
+                                 for r in self.residuals.get(outcome, ())),
                                 self.coverage, self.prior_radius)
 
     def radii(self) -> dict[str, float]:
@@ -102,7 +113,7 @@ class DroCalibrator:
                 r = item.get(o)
                 if r is None or not math.isfinite(r):
                     continue
-                hits[o].append(int(abs(r) <= before[o]))
+                hits[o].append(int(adverse(o, r) <= before[o]))
                 res[o].append(float(r))
         return replace(self, tick=tick, version=self.version + 1,
                        residuals={o: tuple(v[-self.window:]) for o, v in res.items() if v},

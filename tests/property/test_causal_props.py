@@ -7,7 +7,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from koi.calibrate import DroCalibrator
+from koi.calibrate import DroCalibrator, adverse
 from koi.causal import Belief, BeliefConfig, BeliefStore, OutcomeObservation, Scope
 
 SCOPES = (Scope("l4", "vllm", "≤10B", "tp1", family="ada"),
@@ -93,4 +93,6 @@ def test_calibrator_round_trip_and_radius_bounds(batch: list, window: int) -> No
         assert len(res) <= window
         assert cal.radius(o) >= 0.0
         if res:
-            assert cal.radius(o) <= max(max(abs(r) for r in res), cal.prior_radius)
+            # one-sided: only the adverse part of a residual can widen the radius
+            assert cal.radius(o) <= max(max(max(adverse(o, r), 0.0) for r in res),
+                                        cal.prior_radius)

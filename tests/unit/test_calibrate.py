@@ -30,7 +30,8 @@ def test_realised_coverage_is_near_target_on_stationary_noise() -> None:
     rng = np.random.default_rng(7)
     cal = feed(DroCalibrator(), rng, range(40), 0.0, 0.2)
     assert 0.85 <= cal.realised_coverage("tpot") <= 0.95
-    assert cal.radius("tpot") == pytest.approx(1.645 * 0.2, rel=0.2)
+    # one-sided: the 90 % quantile of max(r, 0) for r ~ N(0, 0.2) is 1.2816 × 0.2
+    assert cal.radius("tpot") == pytest.approx(1.2816 * 0.2, rel=0.2)
     assert math.isnan(cal.realised_coverage("ttft"))
     assert cal.radius("ttft") == cal.prior_radius
     assert cal.version == 40 and cal.tick == 39
@@ -56,6 +57,19 @@ def test_robust_prediction_is_the_worst_case_inside_the_radius() -> None:
     assert cal.radius("tpot") == pytest.approx(0.1)
     assert cal.robust("tpot", 20.0) == pytest.approx(20.0 * math.exp(0.1))
     assert cal.robust("throughput", 100.0) == pytest.approx(100.0 * math.exp(-0.1))
+
+
+def test_only_the_adverse_side_widens_the_radius() -> None:
+    # a latency below its prediction, or a throughput above it, costs a plan nothing
+    good = DroCalibrator().update([{"tpot": -0.4, "throughput": 0.4}] * 20, 0)
+    assert good.radius("tpot") == 0.0 and good.radius("throughput") == 0.0
+    assert good.update([{"tpot": -0.4, "throughput": 0.4}], 1).hits["tpot"][-1] == 1
+    bad = DroCalibrator().update([{"tpot": 0.4, "throughput": -0.4}] * 20, 0)
+    assert bad.radius("tpot") == pytest.approx(0.4)
+    assert bad.radius("throughput") == pytest.approx(0.4)
+    # an outcome exactly at the robust bound is covered, one beyond it is not
+    nxt = bad.update([{"tpot": 0.4}, {"tpot": 0.41}], 1)
+    assert nxt.hits["tpot"][-2:] == (1, 0)
 
 
 def test_residuals_are_judged_before_they_join() -> None:

@@ -33,6 +33,7 @@ class LearningRun:
     seed: int
     reports: tuple[TickReport, ...]
     events: tuple = ()
+    coverage_target: float = math.nan   # the calibrator's target (the policy's settings)
 
 
 def replay(scenario: Scenario | str, policy: str = "koi", seed: int = 1, *,
@@ -58,7 +59,8 @@ def replay(scenario: Scenario | str, policy: str = "koi", seed: int = 1, *,
         if on_tick is not None:
             on_tick(sim.tick, scn.ticks)
     events = sim.record(policy).events
-    return LearningRun(scn.name, policy, seed, tuple(pol.reports), events)
+    return LearningRun(scn.name, policy, seed, tuple(pol.reports), events,
+                       coverage_target=pol.settings.coverage)
 
 
 def series(run: LearningRun) -> dict[str, np.ndarray]:
@@ -138,7 +140,7 @@ def plot(run: LearningRun, path: Path) -> None:
     ax2 = axes[1].twinx()
     for o in ("ttft_p95", "tpot_p95"):
         ax2.plot(s["tick"], s[f"coverage_{o}"], ls="--", lw=1, label=f"coverage {o}")
-    ax2.axhline(0.9, color="grey", lw=0.5)
+    ax2.axhline(run.coverage_target, color="grey", lw=0.5)
     ax2.set_ylim(0, 1.05)
     axes[1].set_ylabel("DRO radius (log)")
     ax2.set_ylabel("realised coverage")

@@ -65,7 +65,7 @@ def learning_command(console: Console, scenario: str, policy: str, seed: int,
     for key in sorted({k.rsplit("_", 1)[0] for k in s if k.endswith(("_first", "_last"))}):
         t.add_row(key, _f(s.get(f"{key}_first")), _f(s.get(f"{key}_last")))
     console.print(t)
-    console.print(f"realised coverage at the end (target 0.90): TTFT p95 "
+    console.print(f"realised coverage at the end (target {run.coverage_target:.2f}): TTFT p95 "
                   f"{_f(s['coverage_ttft_p95_final'])}, TPOT p95 "
                   f"{_f(s['coverage_tpot_p95_final'])}")
     console.print(f"mechanisms discovered: {s['mechanisms_discovered']:.0f}; median tick "
