@@ -278,6 +278,23 @@ def test_an_unplaced_online_job_keeps_its_gpus():
     assert "no capacity" in plan.choice("new").reason
 
 
+def test_gpus_a_kept_job_releases_by_shrinking_in_place_go_to_others_in_the_same_plan():
+    """An online job holding 8 GPUs whose load now needs 4 shrinks in place; the 4 it
+    releases serve a newcomer in the same tick (found by the brute-force property test:
+    the composer used to bound a row by the room with every kept job holding all it
+    has)."""
+    jobs = [online("old", 4000, held_gpus={H100: 8}, currently_placed=True,
+                   keeps_gpus_unplaced=True),
+            online("new", 4000, keeps_gpus_unplaced=True)]
+    cands = [cand("old", "old-here", H100, gpus=4, goodput=4000, is_current=True,
+                  in_place=True),
+             cand("new", "new-h100", H100, gpus=4, goodput=4000)]
+    plan = compose(ComposeInput(jobs=jobs, candidates=cands, capacity={H100: 0}))
+    assert (plan.choice("old").decision, plan.choice("old").replicas) == (Decision.PLACE, 1)
+    assert (plan.choice("new").decision, plan.choice("new").replicas) == (Decision.PLACE, 1)
+    assert plan.gpus_by_offering[H100] == 8
+
+
 @pytest.mark.parametrize("free, moves", [(4, False), (8, True)])
 def test_a_move_holds_the_old_gpus_until_it_completes(free: int, moves: bool):
     """Moving 4 GPUs' worth to a better configuration on the same offering needs 4 new

@@ -73,7 +73,14 @@ def options(p: Problem) -> Options:
     job, off = p.job_of[row], p.off_of[row]
     value, _ = p.terms(row, reps)
     gpus = p.table.gpus_per_replica[row] * reps
-    pos = value > EPS
+    # an option worth nothing can still belong in the plan: placing a job that keeps its
+    # GPUs while unplaced (in place, on fewer of them) releases the rest to other jobs
+    frees = np.zeros(row.size, dtype=bool)
+    maybe = (value <= EPS) & (p.extra[job, (~p.table.in_place[row]).astype(np.int64)]
+                              < 0).any(axis=1)
+    if maybe.any():
+        frees[maybe] = (p.use(row[maybe], reps[maybe]) < 0).any(axis=1)
+    pos = (value > EPS) | frees
     row, reps, job, off, value, gpus = (v[pos] for v in (row, reps, job, off, value, gpus))
     moves = ~p.table.in_place[row]
     # per (job, offering, in place or not): ascending GPUs, best value first; keep strict

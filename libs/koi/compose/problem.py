@@ -171,9 +171,12 @@ def build_problem(inp: ComposeInput) -> Problem:
 
     min_r = np.array([max(1, j.min_replicas) for j in jobs], dtype=np.int64)
     max_r = np.array([j.max_replicas for j in jobs], dtype=np.int64)
-    # replicas that fit the room left with every other job unplaced
+    # replicas that could fit: the room, plus what every other job that keeps its GPUs
+    # unplaced could release by being placed in place on fewer of them (keep = -extra[:, 0])
     own = extra[job_of, (~table.in_place).astype(np.int64), off_of]
-    fit_r = np.maximum(room[off_of] - own, 0) // gpr
+    keep = -extra[:, 0, :]
+    releasable = keep.sum(axis=0)[off_of] - keep[job_of, off_of]
+    fit_r = np.maximum(room[off_of] + releasable - own, 0) // gpr
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         need = np.where(cap > 0, np.ceil(demand[job_of] / cap - EPS), 0.0)
         want = np.where(cap > 0, np.ceil((demand + ahead)[job_of] / cap - EPS), 0.0)

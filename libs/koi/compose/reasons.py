@@ -97,6 +97,9 @@ def _defer_reason(p: Problem, sol: Assignment, j: int, feasible: np.ndarray,
     kept = p.kept[p.job_of[p.kept] == j]
     alone = best_option(p, kept, p.room)
     if alone is None:
+        if not any(p.fit_replicas(r, p.room) >= p.lo[r] for r in kept.tolist()):
+            # it would fit only on GPUs that jobs kept as they run hold this tick
+            return "no capacity: " + _shortfall(p, kept)
         return "not worth its cost: every option's churn and cost exceed the value it serves"
     row, reps = alone
     off = int(p.off_of[row])

@@ -60,8 +60,8 @@ class KoiSettings:
     use_beliefs: bool = True        # koi-no-causal: False
     learn: bool = True              # koi-no-learning: beliefs and radius frozen at the prior
     use_dro: bool = True            # koi-no-dro: radius 0
-    # the calibrator's target: the robust prediction is no better than the observed
-    # outcome this often (one-sided). The SLOs are p95s already, and the p95 residuals
+    # the calibrator's target: the share of observed outcomes no worse than the robust
+    # prediction (one-sided). The SLOs are p95s already, and the p95 residuals
     # carry a bias of +0.2..+0.6 (log) that the mean beliefs leave; a radius at the
     # median adverse residual plans that bias away. 0.9 and 0.7 (a p95 met with 90 % /
     # 70 % confidence) over-provision and reject jobs: 3-seed means hetero-3h / real-104
