@@ -66,7 +66,7 @@ class KoiSettings:
     # median adverse residual plans that bias away. 0.9 and 0.7 (a p95 met with 90 % /
     # 70 % confidence) over-provision and reject jobs: 3-seed means hetero-3h / real-104
     # / hetero-12h 0.5: 84.1 / 83.9 / 80.2, 0.7: 83.8 / 83.9 / 76.1, 0.9 (|r|): 83.4 /
-    # 83.2 / 73.1 (BENCHMARKS (o))
+    # 83.2 / 73.1 (BENCHMARKS (o), measured before the composer fix bdf54f3)
     coverage: float = 0.5
     # the outcomes whose DRO radius tightens the plan (the calibrator reports every
     # outcome's radius and coverage either way); without "ttft_p95" hetero-12h gained
