@@ -116,8 +116,10 @@ def _shortfall(p: Problem, feasible: np.ndarray) -> str:
     """'needs 8 GPUs of o1 (4 free) or 16 GPUs of o2 (0 free)', up to three offerings
     (free: the room with every other job unplaced)."""
     need = p.lo[feasible] * p.table.gpus_per_replica[feasible]
-    room = p.room[p.off_of[feasible]] - (p.use(feasible, p.lo[feasible])
-                                         [np.arange(feasible.size), p.off_of[feasible]] - need)
+    offs = p.off_of[feasible]
+    # the room there less what the row itself keeps or holds on it (Problem.extra)
+    room = p.room[offs] - p.extra[p.job_of[feasible],
+                                  (~p.table.in_place[feasible]).astype(np.int64), offs]
     short = need - room
     parts: list[str] = []
     seen: set[int] = set()
