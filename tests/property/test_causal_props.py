@@ -26,6 +26,8 @@ def observations(draw: st.DrawFn) -> OutcomeObservation:
             "queue_util": draw(st.floats(0.0, 1.2))}
     obsd = {"ttft_ms": 100.0 * draw(ratio), "tpot_ms": 20.0 * draw(ratio),
             "output_tok_s": 1000.0 * draw(ratio)}
+    if draw(st.booleans()):  # p95s measured too: tail beliefs learn
+        obsd |= {"ttft_p95_ms": 200.0 * draw(ratio), "tpot_p95_ms": 30.0 * draw(ratio)}
     return OutcomeObservation(f"d{draw(st.integers(0, 9))}", "j", 0, SCOPES[i], pred, obsd,
                               draw(st.floats(0.0, 500.0)))
 

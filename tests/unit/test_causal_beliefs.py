@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import zlib
 
 import pytest
 
@@ -27,14 +29,17 @@ MEMBW_TPOT = ("membw_util", "tpot")
 
 def obs(scope: Scope = L4, *, tpot: float = 1.0, ttft: float = 1.0, tput: float = 1.0,
         kv: float = 0.5, comm: float = 0.05, queue: float = 0.3, requests: float = 200.0,
-        dep: str = "d1", tick: int = 0) -> OutcomeObservation:
-    """One deployment's tick whose observed outcomes are the predicted ones × ratios."""
+        dep: str = "d1", tick: int = 0, ttft_tail: float = 1.0, tpot_tail: float = 1.0
+        ) -> OutcomeObservation:
+    """One deployment's tick whose observed outcomes are the predicted ones × ratios (a
+    p95 × its mean's ratio × its tail's)."""
     predicted = {"ttft_ms": 100.0, "ttft_p95_ms": 200.0, "tpot_ms": 20.0, "tpot_p95_ms": 30.0,
                  "output_throughput_tok_s": 1000.0, "kv_pressure": kv,
                  "comm_overhead_frac": comm, "compute_util": 0.5, "membw_util": 0.6,
                  "queue_util": queue, "batch_efficiency": 0.8}
-    observed = {"ttft_ms": 100.0 * ttft, "ttft_p95_ms": 200.0 * ttft, "tpot_ms": 20.0 * tpot,
-                "tpot_p95_ms": 30.0 * tpot, "output_tok_s": 1000.0 * tput}
+    observed = {"ttft_ms": 100.0 * ttft, "ttft_p95_ms": 200.0 * ttft * ttft_tail,
+                "tpot_ms": 20.0 * tpot, "tpot_p95_ms": 30.0 * tpot * tpot_tail,
+                "output_tok_s": 1000.0 * tput}
     return OutcomeObservation(dep, "job", tick, scope, predicted, observed, requests)
 
 
@@ -162,6 +167,33 @@ def test_correction_depends_on_the_regime() -> None:
     residuals = store.corrected_residuals(obs(tpot=1.6, ttft=1.3, tput=0.7, kv=0.95))
     assert all(abs(r) < 0.05 for r in residuals.values())
     assert set(residuals) == {"ttft", "ttft_p95", "tpot", "tpot_p95", "throughput"}
+
+
+def test_tail_beliefs_learn_how_much_longer_a_p95_is_per_scope() -> None:
+    # L4's TTFT p95 is 1.8× what the predictor's tail says (its mean is 1.2× off); the
+    # H100's tail is as predicted; the tail does not touch the mean's correction
+    store = BeliefStore()
+    for t in range(12):
+        store = store.update([obs(L4, ttft=1.2, ttft_tail=1.8, tpot_tail=1.3, dep="a", tick=t),
+                              obs(H100, ttft=1.2, dep="b", tick=t)], t)
+    l4, h100 = store.correction(L4), store.correction(H100)
+    assert l4["ttft"] == pytest.approx(1.2, rel=0.05) == h100["ttft"]
+    assert l4["ttft_p95"] == pytest.approx(1.2 * 1.8, rel=0.08)
+    assert l4["tpot_p95"] == pytest.approx(1.3, rel=0.05)
+    assert h100["ttft_p95"] == pytest.approx(1.2, rel=0.05)
+    assert store.tail("ttft_p95", L4).scope == L4
+    # an h200 backs off to the hopper family's tail (the H100's), not the global one
+    assert store.tail("ttft_p95", H200).multiplier == pytest.approx(1.0, abs=0.03)
+    # what calibration sees is left after the tail as well as the mean
+    left = store.corrected_residuals(obs(L4, ttft=1.2, ttft_tail=1.8, tpot_tail=1.3))
+    assert all(abs(r) < 0.08 for r in left.values())
+    assert not any(m.edge[1].endswith("_p95") for m in store.active_mechanisms())
+    assert BeliefStore.from_bytes(store.to_bytes()) == store
+    # a store written before tail beliefs existed decodes with none
+    doc = json.loads(zlib.decompress(store.to_bytes()))
+    del doc["tails"]
+    old = BeliefStore.from_bytes(zlib.compress(json.dumps(doc).encode()))
+    assert not old.tails and old.beliefs == store.beliefs
 
 
 def test_counts_active_applicable_cumulative() -> None:

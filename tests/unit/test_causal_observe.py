@@ -14,6 +14,7 @@ from koi.causal import (
     log_residuals,
     observation_from_telemetry,
 )
+from koi.causal.observe import tail_residuals
 from koi.cluster import DeploymentTelemetry
 from koi.predictor.types import Prediction
 
@@ -75,3 +76,16 @@ def test_apply_correction() -> None:
     assert q.e2e_latency_s == pytest.approx((200.0 + 2000.0 * 1.5) / 1000.0)
     assert q.kv_pressure == p.kv_pressure
     assert apply_correction(p, {}) == p
+    # a p95's own multiplier (mean × tail) replaces its mean's
+    q = apply_correction(p, {"ttft": 2.0, "ttft_p95": 3.0, "tpot_p95": 0.5})
+    assert (q.ttft_ms, q.ttft_p95_ms, q.tpot_ms, q.tpot_p95_ms) == (200.0, 600.0, 20.0, 15.0)
+
+
+def test_tail_residuals_are_the_p95_error_beyond_the_mean() -> None:
+    o = observation_from_telemetry(telemetry(), prediction(), L4)
+    assert o is not None
+    r = tail_residuals(o)
+    assert r["ttft_p95"] == pytest.approx(math.log((250 / 120) / (200 / 100)))
+    assert r["tpot_p95"] == pytest.approx(math.log((45 / 30) / (30 / 20)))
+    no_tpot = observation_from_telemetry(telemetry(tpot_s=0.0), prediction(), L4)
+    assert no_tpot is not None and set(tail_residuals(no_tpot)) == {"ttft_p95"}

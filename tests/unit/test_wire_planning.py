@@ -175,6 +175,7 @@ def test_run_exercises_everything(run: list[Tick]) -> None:
     assert sum(len(t.telemetry) for t in run) > 0
     assert sum(len(t.observations) for t in run) > 0
     assert last.beliefs.beliefs and last.beliefs.cliffs and last.beliefs.mechanisms
+    assert last.beliefs.tails
     assert last.calibrator.residuals
     kinds = {a.kind for t in run for a in t.decision.actions}
     assert {ActionKind.LAUNCH, ActionKind.SCALE} <= kinds
@@ -278,7 +279,8 @@ def test_causal_state_round_trips_exactly(run: list[Tick]) -> None:
         assert beliefs.to_bytes() == t.beliefs.to_bytes()
         msg = decode(data, causal_pb2.CausalState)
         assert msg.version == t.beliefs.version
-        assert len(msg.beliefs) == len(t.beliefs.beliefs) + len(t.beliefs.cliffs)
+        assert len(msg.beliefs) == len(t.beliefs.beliefs) + len(t.beliefs.tails) \
+            + len(t.beliefs.cliffs)
         assert [m.id for m in msg.mechanisms] == sorted(t.beliefs.mechanisms)
         assert [c.outcome for c in msg.calibration] == list(t.calibrator.outcomes)
         for c in msg.calibration:

@@ -31,6 +31,9 @@ class BeliefConfig:
     prior_sd: float = 0.5  # τ: a priori the predictor is within ×1.65 at 1σ
     noise_sd: tuple[tuple[str, float], ...] = (("ttft", 0.30), ("tpot", 0.15),
                                                ("throughput", 0.15))
+    # a tick's p95 over ~100 requests is noisier than its mean; the tail factor's
+    # residual is the p95's minus the mean's
+    tail_noise_sd: tuple[tuple[str, float], ...] = (("ttft_p95", 0.35), ("tpot_p95", 0.20))
     half_life_ticks: float = 30.0
     full_weight_requests: float = 100.0  # a tick with this many requests counts fully
     material: float = math.log(1.15)     # |θ| to become a mechanism
@@ -40,7 +43,8 @@ class BeliefConfig:
     retire_confidence: float = 0.80          # ... or below this P(sign)
 
     def noise(self, outcome: str) -> float:
-        return dict(self.noise_sd)[outcome]
+        """σ of one observation's residual: a graph outcome's, or a p95's tail factor's."""
+        return {**dict(self.noise_sd), **dict(self.tail_noise_sd)}[outcome]
 
     @property
     def decay(self) -> float:

@@ -31,6 +31,12 @@ OUTCOME_FIELDS: dict[str, tuple[str, str]] = {
 GRAPH_OUTCOME: dict[str, str] = {"ttft": "ttft", "ttft_p95": "ttft", "tpot": "tpot",
                                  "tpot_p95": "tpot", "throughput": "throughput"}
 LATENCY_OUTCOMES = frozenset({"ttft", "ttft_p95", "tpot", "tpot_p95"})
+# A p95 is its mean times a tail factor (p95 ÷ mean). The mean's error goes to the graph
+# edge ``attribute`` picks; what is left of the p95's — how much longer the tail is than
+# the predictor's queueing and length model says — is a scoped belief of its own, on
+# the pseudo-edge (mean outcome, p95 outcome) (docs/CAUSAL.md §4).
+TAIL_EDGES: dict[str, tuple[str, str]] = {"ttft_p95": ("ttft", "ttft_p95"),
+                                          "tpot_p95": ("tpot", "tpot_p95")}
 
 # graph mediator → Prediction field
 MEDIATOR_FIELDS: dict[str, str] = {
@@ -109,6 +115,14 @@ def log_residuals(obs: OutcomeObservation) -> dict[str, float]:
         if _finite_positive(p) and _finite_positive(o):
             out[outcome] = math.log(o / p)
     return out
+
+
+def tail_residuals(obs: OutcomeObservation) -> dict[str, float]:
+    """log((observed p95 / observed mean) / (predicted p95 / predicted mean)) per p95
+    outcome with both its p95 and its mean measured: the tail factor's error."""
+    res = log_residuals(obs)
+    return {p95: res[p95] - res[GRAPH_OUTCOME[p95]] for p95 in TAIL_EDGES
+            if p95 in res and GRAPH_OUTCOME[p95] in res}
 
 
 def attribute(outcome: str, mediators: Mapping[str, float] | None,

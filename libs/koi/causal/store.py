@@ -5,7 +5,9 @@
 and update that edge's belief in *every* scope containing the deployment's scope, so
 general scopes learn from everything and specific ones only from their own. Reads back
 off from the most specific scope with enough support (``lookup``); ``correction`` gives
-the multipliers the evaluator applies to a raw prediction. ``to_bytes``/``from_bytes``
+the multipliers the evaluator applies to a raw prediction. Beside the edge beliefs,
+``tails`` holds each scope's belief on how much longer a p95 is than its mean, relative
+to the predictor's (the p95 multiplier is the mean's times the tail's). ``to_bytes``/``from_bytes``
 round-trip the whole state losslessly (sorted-key JSON, zlib).
 
 No I/O and no clock: the tick is passed in.
@@ -25,10 +27,12 @@ from koi.causal.graph import BELIEF_EDGES, LEARNT_OUTCOMES, Edge
 from koi.causal.mechanisms import Mechanism, evaluate
 from koi.causal.observe import (
     GRAPH_OUTCOME,
+    TAIL_EDGES,
     OutcomeObservation,
     Regimes,
     attribute,
     log_residuals,
+    tail_residuals,
 )
 from koi.causal.scope import GLOBAL, Scope, contains, generalisations
 from koi.predictor.types import Prediction
@@ -57,6 +61,8 @@ class BeliefStore:
     version: int = 0
     beliefs: Mapping[tuple[Edge, Scope], Belief] = field(default_factory=dict)
     cliffs: Mapping[Scope, ThresholdBelief] = field(default_factory=dict)
+    # p95 outcome's tail pseudo-edge (TAIL_EDGES) × scope → belief on the tail factor
+    tails: Mapping[tuple[Edge, Scope], Belief] = field(default_factory=dict)
     mechanisms: Mapping[str, Mechanism] = field(default_factory=dict)
 
     # --- learning ---------------------------------------------------------------------
@@ -68,10 +74,12 @@ class BeliefStore:
         cfg, gamma = self.config, self.config.decay
         beliefs = {k: b.decayed(tick, gamma) for k, b in self.beliefs.items()}
         cliffs = {k: c.decayed(tick, gamma) for k, c in self.cliffs.items()}
+        tails = {k: b.decayed(tick, gamma) for k, b in self.tails.items()}
         # Evidence per (edge, scope), in a sorted order so that the float sums do not
         # depend on message arrival order; each belief is then rebuilt once.
         evidence: dict[tuple[Edge, Scope], list[tuple[float, float, float, str]]] = {}
         kv_evidence: dict[Scope, list[tuple[float, float, float]]] = {}
+        tail_evidence: dict[tuple[Edge, Scope], list[tuple[float, float, float, str]]] = {}
         for obs in sorted(observations, key=_order):
             w = cfg.obs_weight(obs.weight)
             if w <= 0.0:
@@ -90,15 +98,22 @@ class BeliefStore:
                 for scope in scopes:
                     kv_evidence.setdefault(scope, []).append(
                         (mediators["kv_pressure"], residuals["tpot"], w))
+            for p95, r in tail_residuals(obs).items():
+                item = (r, cfg.noise(p95), w, source)
+                for scope in scopes:
+                    tail_evidence.setdefault((TAIL_EDGES[p95], scope), []).append(item)
         for (edge, scope), items in evidence.items():
             b = beliefs.get((edge, scope)) or Belief.prior(edge, scope, cfg, tick)
             beliefs[(edge, scope)] = b.observe_many(items, tick)
         for scope, kv_items in kv_evidence.items():
             c = cliffs.get(scope) or ThresholdBelief(scope=scope, as_of=tick)
             cliffs[scope] = c.observe_many(kv_items, tick)
+        for (edge, scope), items in tail_evidence.items():
+            b = tails.get((edge, scope)) or Belief.prior(edge, scope, cfg, tick)
+            tails[(edge, scope)] = b.observe_many(items, tick)
         mechanisms = evaluate(beliefs.values(), self.mechanisms, tick, cfg, self.regimes)
         return replace(self, tick=tick, version=self.version + 1, beliefs=beliefs,
-                       cliffs=cliffs, mechanisms=mechanisms)
+                       cliffs=cliffs, tails=tails, mechanisms=mechanisms)
 
     # --- reading ----------------------------------------------------------------------
 
@@ -110,27 +125,32 @@ class BeliefStore:
                ) -> Belief:
         """The most specific belief containing ``scope`` with support ≥ ``min_support``;
         the prior (θ = 0 at ``*``) when no scope has that much evidence."""
-        for s in generalisations(scope):
-            b = self.beliefs.get((edge, s))
-            if b is not None and b.support >= min_support:
-                return b
-        return Belief.prior(edge, GLOBAL, self.config, self.tick)
+        return _back_off(self.beliefs, edge, scope, min_support, self.config, self.tick)
+
+    def tail(self, p95: str, scope: Scope, min_support: int = LOOKUP_MIN_SUPPORT) -> Belief:
+        """``lookup`` for the tail factor of ``p95`` (``"ttft_p95"`` or ``"tpot_p95"``)."""
+        return _back_off(self.tails, TAIL_EDGES[p95], scope, min_support, self.config,
+                         self.tick)
 
     def correction(self, scope: Scope, mediators: Mapping[str, float] | None = None,
                    min_support: int = LOOKUP_MIN_SUPPORT) -> dict[str, float]:
         """Multipliers on the raw prediction: ``{"ttft", "tpot", "throughput"}`` →
         exp(posterior mean) of the belief on the edge ``attribute`` picks for these
-        mediators (graph or Prediction names; None = base regime). p95s take their
-        mean's multiplier; cost per token scales with 1 / throughput."""
-        return {o: self.lookup(attribute(o, mediators, self.regimes), scope,
+        mediators (graph or Prediction names; None = base regime); ``"ttft_p95"`` and
+        ``"tpot_p95"`` → their mean's multiplier times the scope's tail factor. Cost per
+        token scales with 1 / throughput."""
+        mult = {o: self.lookup(attribute(o, mediators, self.regimes), scope,
                                min_support).multiplier for o in LEARNT_OUTCOMES}
+        for p95 in TAIL_EDGES:
+            mult[p95] = mult[GRAPH_OUTCOME[p95]] * self.tail(p95, scope, min_support).multiplier
+        return mult
 
     def corrected_residuals(self, obs: OutcomeObservation,
                             min_support: int = LOOKUP_MIN_SUPPORT) -> dict[str, float]:
         """log(observed / corrected prediction) per outcome — what calibration sees.
         Call on the store *before* it learns from ``obs``."""
         mult = self.correction(obs.scope, obs.mediators(), min_support)
-        return {o: r - math.log(mult[GRAPH_OUTCOME[o]]) for o, r in log_residuals(obs).items()}
+        return {o: r - math.log(mult[o]) for o, r in log_residuals(obs).items()}
 
     def kv_cliff(self, scope: Scope, min_support: int = LOOKUP_MIN_SUPPORT
                  ) -> tuple[float, float] | None:
@@ -173,6 +193,15 @@ class BeliefStore:
         return _decode(doc)
 
 
+def _back_off(beliefs: Mapping[tuple[Edge, Scope], Belief], edge: Edge, scope: Scope,
+              min_support: int, config: BeliefConfig, tick: int) -> Belief:
+    for s in generalisations(scope):
+        b = beliefs.get((edge, s))
+        if b is not None and b.support >= min_support:
+            return b
+    return Belief.prior(edge, GLOBAL, config, tick)
+
+
 def _order(o: OutcomeObservation) -> tuple:
     """A total order on observations (ties in id broken by content)."""
     return (o.deployment_id, o.job_id, o.tick, o.scope.key(), o.weight,
@@ -181,13 +210,15 @@ def _order(o: OutcomeObservation) -> tuple:
 
 def apply_correction(prediction: Prediction, multipliers: Mapping[str, float]) -> Prediction:
     """``prediction`` with ``correction`` multipliers applied to its outcomes (latency
-    means, percentiles and e2e latency; throughputs and rates; cost per token ∝ 1/tput)."""
+    means, percentiles and e2e latency; throughputs and rates; cost per token ∝ 1/tput).
+    A p95 takes its own multiplier where ``multipliers`` has one, else its mean's."""
     t, p, x = (multipliers.get(k, 1.0) for k in LEARNT_OUTCOMES)
+    t95, p95 = multipliers.get("ttft_p95", t), multipliers.get("tpot_p95", p)
     decode_ms = max(prediction.e2e_latency_s * 1000.0 - prediction.ttft_ms, 0.0)
     return replace(
         prediction, ttft_ms=prediction.ttft_ms * t, ttft_p50_ms=prediction.ttft_p50_ms * t,
-        ttft_p95_ms=prediction.ttft_p95_ms * t, tpot_ms=prediction.tpot_ms * p,
-        tpot_p50_ms=prediction.tpot_p50_ms * p, tpot_p95_ms=prediction.tpot_p95_ms * p,
+        ttft_p95_ms=prediction.ttft_p95_ms * t95, tpot_ms=prediction.tpot_ms * p,
+        tpot_p50_ms=prediction.tpot_p50_ms * p, tpot_p95_ms=prediction.tpot_p95_ms * p95,
         e2e_latency_s=(prediction.ttft_ms * t + decode_ms * p) / 1000.0,
         output_throughput_tok_s=prediction.output_throughput_tok_s * x,
         total_throughput_tok_s=prediction.total_throughput_tok_s * x,
@@ -203,13 +234,16 @@ def _encode(store: BeliefStore) -> dict[str, Any]:
     cfg = asdict(store.config)
     beliefs = sorted(([*b.edge, b.scope.key(), *(getattr(b, n) for n in _BELIEF_FIELDS)]
                       for b in store.beliefs.values()), key=lambda row: row[:3])
+    tails = sorted(([*b.edge, b.scope.key(), *(getattr(b, n) for n in _BELIEF_FIELDS)]
+                    for b in store.tails.values()), key=lambda row: row[:3])
     cliffs = sorted(([c.scope.key(), *(getattr(c, n) for n in _CLIFF_FIELDS)]
                      for c in store.cliffs.values()), key=lambda row: row[0])
     mechs = sorted(([*m.edge, m.scope.key(), *(getattr(m, n) for n in _MECH_FIELDS)]
                     for m in store.mechanisms.values()), key=lambda row: row[3])
     return {"format": FORMAT, "tick": store.tick, "version": store.version, "config": cfg,
             "regimes": asdict(store.regimes), "belief_fields": list(_BELIEF_FIELDS),
-            "beliefs": beliefs, "cliff_fields": list(_CLIFF_FIELDS), "cliffs": cliffs,
+            "beliefs": beliefs, "tails": tails, "cliff_fields": list(_CLIFF_FIELDS),
+            "cliffs": cliffs,
             "mechanism_fields": list(_MECH_FIELDS), "mechanisms": mechs}
 
 
@@ -219,13 +253,10 @@ def _tuples(v: Any) -> Any:
 
 def _decode(doc: dict[str, Any]) -> BeliefStore:
     cfg = BeliefConfig(**{k: _tuples(v) for k, v in doc["config"].items()})
-    beliefs: dict[tuple[Edge, Scope], Belief] = {}
-    for row in doc["beliefs"]:
-        edge, scope = (row[0], row[1]), Scope.from_key(row[2])
-        if edge not in BELIEF_EDGES:
-            raise ValueError(f"belief on unknown edge {edge}")
-        vals = {k: _tuples(v) for k, v in zip(doc["belief_fields"], row[3:], strict=True)}
-        beliefs[(edge, scope)] = Belief(edge=edge, scope=scope, **vals)
+    beliefs = _decode_beliefs(doc["beliefs"], doc["belief_fields"], BELIEF_EDGES)
+    # a document from before tail beliefs has none
+    tails = _decode_beliefs(doc.get("tails", []), doc["belief_fields"],
+                            tuple(TAIL_EDGES.values()))
     cliffs = {}
     for row in doc["cliffs"]:
         scope = Scope.from_key(row[0])
@@ -237,5 +268,17 @@ def _decode(doc: dict[str, Any]) -> BeliefStore:
         mechanisms[vals["id"]] = Mechanism(edge=(row[0], row[1]), scope=Scope.from_key(row[2]),
                                            **vals)
     return BeliefStore(config=cfg, regimes=Regimes(**doc["regimes"]), tick=doc["tick"],
-                       version=doc["version"], beliefs=beliefs, cliffs=cliffs,
+                       version=doc["version"], beliefs=beliefs, cliffs=cliffs, tails=tails,
                        mechanisms=mechanisms)
+
+
+def _decode_beliefs(rows: list, names: list[str], edges: tuple[Edge, ...]
+                    ) -> dict[tuple[Edge, Scope], Belief]:
+    beliefs: dict[tuple[Edge, Scope], Belief] = {}
+    for row in rows:
+        edge, scope = (row[0], row[1]), Scope.from_key(row[2])
+        if edge not in edges:
+            raise ValueError(f"belief on unknown edge {edge}")
+        vals = {k: _tuples(v) for k, v in zip(names, row[3:], strict=True)}
+        beliefs[(edge, scope)] = Belief(edge=edge, scope=scope, **vals)
+    return beliefs

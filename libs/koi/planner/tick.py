@@ -61,12 +61,11 @@ class KoiSettings:
     learn: bool = True              # koi-no-learning: beliefs and radius frozen at the prior
     use_dro: bool = True            # koi-no-dro: radius 0
     # the calibrator's target: the share of observed outcomes no worse than the robust
-    # prediction (one-sided). The SLOs are p95s already, and the p95 residuals
-    # carry a bias of +0.2..+0.6 (log) that the mean beliefs leave; a radius at the
-    # median adverse residual plans that bias away. 0.9 and 0.7 (a p95 met with 90 % /
-    # 70 % confidence) over-provision and reject jobs: 3-seed means hetero-3h / real-104
-    # / hetero-12h 0.5: 84.1 / 83.9 / 80.2, 0.7: 83.8 / 83.9 / 76.1, 0.9 (|r|): 83.4 /
-    # 83.2 / 73.1 (BENCHMARKS (o), measured before the composer fix bdf54f3)
+    # prediction (one-sided). The SLOs are p95s already. Before tail beliefs the p95
+    # residuals carried a +0.2..+0.6 (log) bias and 0.5 planned it away (0.7 / 0.9
+    # over-provisioned: BENCHMARKS (o)); with tail beliefs learning that bias per scope,
+    # 0.5 still beats 0.8: 3-seed means hetero-3h / real-104 / hetero-12h 83.8 / 83.7 /
+    # 78.0 against 84.1 / 83.2 / 74.1 (BENCHMARKS (p))
     coverage: float = 0.5
     # the outcomes whose DRO radius tightens the plan (the calibrator reports every
     # outcome's radius and coverage either way); without "ttft_p95" hetero-12h gained
@@ -373,9 +372,10 @@ def _robustness(beliefs: BeliefStore, calibrator: DroCalibrator, settings: KoiSe
     def robustness(p) -> Robustness:
         key = p.config
         if key not in cache:
+            # the SLOs are p95s: their multipliers carry the scope's tail factor
             mult = beliefs.correction(scope_of(p.config, catalog)) if settings.use_beliefs \
-                else {"ttft": 1.0, "tpot": 1.0, "throughput": 1.0}
-            cache[key] = Robustness(ttft_mult=mult["ttft"], tpot_mult=mult["tpot"],
+                else {"ttft_p95": 1.0, "tpot_p95": 1.0, "throughput": 1.0}
+            cache[key] = Robustness(ttft_mult=mult["ttft_p95"], tpot_mult=mult["tpot_p95"],
                                     tput_mult=mult["throughput"],
                                     radius_ttft=radii.get("ttft_p95", 0.0),
                                     radius_tpot=radii.get("tpot_p95", 0.0),
