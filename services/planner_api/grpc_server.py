@@ -215,8 +215,9 @@ def explain_summary(tick: int, d: plan_pb2.Decision, known: dict[str, causal_pb2
              f"{f' ({d.offering})' if d.offering else ''}, {d.gpus} GPUs,"
              f" {d.usd_per_hour:.2f} USD/h{', unchanged' if d.stays else ''}"]
     if d.HasField("explanation"):
-        lines.append(f"robust p95: TTFT {x.ttft_p95_ms_robust:.0f} ms, TPOT"
-                     f" {x.tpot_p95_ms_robust:.1f} ms; goodput {d.goodput_tok_s:.0f} of"
+        lines.append(f"robust p95 (one replica, whole load): TTFT"
+                     f" {x.ttft_p95_ms_robust:.0f} ms, TPOT {x.tpot_p95_ms_robust:.1f} ms;"
+                     f" goodput {d.goodput_tok_s:.0f} of"
                      f" {d.demand_tok_s:.0f} tok/s demanded")
     if d.reason:
         lines.append(f"why: {d.reason}")

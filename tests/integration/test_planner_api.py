@@ -292,7 +292,7 @@ def test_explain_latest_placement(api: Running) -> None:
     assert [m.id for m in resp.mechanisms] == ["m-kv"]
     assert resp.summary.startswith(f"tick 7: place job chat-a on 2× h100-sxm tp1 bf16 vllm"
                                    f" ({OFFERING}), 2 GPUs, 6.20 USD/h")
-    assert "robust p95: TTFT 410 ms, TPOT 12.5 ms" in resp.summary
+    assert "robust p95 (one replica, whole load): TTFT 410 ms, TPOT 12.5 ms" in resp.summary
     assert "because m-kv: kv_pressure > 0.85 → TPOT ×1.6" in resp.summary
     assert "cites m-gone, not in causal state v3 held here" in resp.summary
     assert list(resp.alternatives) == []

@@ -64,9 +64,12 @@ class Evaluated:
     max_rate_rps: np.ndarray        # robust: req/s one replica serves within SLO
     nominal_max_rate_rps: np.ndarray
     goodput_tok_s: np.ndarray       # robust SLO-meeting output tok/s per replica
-    ttft_p95_ms: np.ndarray         # robust, at min(job rate, robust max rate)
+    # robust p95s and nominal mediators with the job's whole rate on one replica (batch:
+    # a light probe load): how hard a single replica would be pushed, not the plan's
+    # per-replica load (the composer plans at most ``max_rate_rps`` per replica)
+    ttft_p95_ms: np.ndarray
     tpot_p95_ms: np.ndarray
-    kv_pressure: np.ndarray         # nominal mediators at that load
+    kv_pressure: np.ndarray
     comm_overhead_frac: np.ndarray
     queue_util: np.ndarray
     gpus: np.ndarray

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from koi.calibrate import DroCalibrator
+from koi.calibrate import HIGHER_BETTER, DroCalibrator
 from koi.catalog import Catalog
 from koi.causal.scope import scope_of
 from koi.causal.store import BeliefStore
@@ -50,15 +50,18 @@ class Explanation:
                  f"  serves {self.goodput_tok_s:,.0f} tok/s within SLO for "
                  f"${self.usd_per_hour:,.2f}/h",
                  f"  per replica: up to {self.max_rate_rps_robust:.2f} req/s robustly "
-                 f"({self.max_rate_rps_nominal:.2f} as predicted); p95 TTFT "
+                 f"({self.max_rate_rps_nominal:.2f} as predicted)",
+                 f"  one replica alone at the job's whole load: p95 TTFT "
                  f"{self.ttft_p95_ms_robust:,.0f} ms, TPOT {self.tpot_p95_ms_robust:.1f} ms "
                  "in the worst case inside the radius"]
         corrections = ", ".join(f"{o} ×{m:.2f}" for o, m in self.multipliers
                                 if abs(math.log(m)) > 0.01)
         lines.append(f"  beliefs on {self.scope}: {corrections or 'prior (no correction)'}")
         if self.radii:
-            lines.append("  DRO radius: " + ", ".join(f"{o} ±{100 * (math.exp(r) - 1):.0f}%"
-                                                      for o, r in self.radii))
+            # one-sided: the worst case is a latency e^r higher, a throughput e^r lower
+            lines.append("  DRO radius (worst case): " + ", ".join(
+                f"{o} −{100 * (1 - math.exp(-r)):.0f}%" if o in HIGHER_BETTER
+                else f"{o} +{100 * (math.exp(r) - 1):.0f}%" for o, r in self.radii))
         lines.append(f"  considered because: {self.hypothesis}")
         lines += [f"  mechanism: {m}" for m in self.mechanisms]
         return "\n".join(lines)
