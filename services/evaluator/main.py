@@ -16,8 +16,7 @@ import numpy as np
 
 from koi import subjects
 from koi.planner.evaluate import Evaluated
-from koi.planner.explain import explain_choices
-from koi.planner.tick import compose_stage, evaluate_stage
+from koi.planner.tick import compose_stage, evaluate_stage, explain_stage
 from koi.policies.koi import settings_for
 from koi.v1 import work_pb2
 from koi.wire import planning
@@ -100,8 +99,8 @@ async def run(ctx: ServiceContext) -> None:
         t1 = time.perf_counter()
         plan = compose_stage(ev, snapshot, settings, ctx.catalog)
         t2 = time.perf_counter()
-        explanations = explain_choices(plan, ev, beliefs, calibrator, ctx.catalog,
-                                       settings.use_beliefs)
+        explanations = explain_stage(plan, ev, snapshot, beliefs, calibrator, settings,
+                                     ctx.catalog)
         await ctx.bus.publish(subjects.tick_subject(tick, "plan"),
                               planning.encode_plan(tick, plan, explanations, version,
                                                    catalog=ctx.catalog),

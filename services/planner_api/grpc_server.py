@@ -215,7 +215,7 @@ def explain_summary(tick: int, d: plan_pb2.Decision, known: dict[str, causal_pb2
              f"{f' ({d.offering})' if d.offering else ''}, {d.gpus} GPUs,"
              f" {d.usd_per_hour:.2f} USD/h{', unchanged' if d.stays else ''}"]
     if d.HasField("explanation"):
-        lines.append(f"robust p95 (one replica, whole load): TTFT"
+        lines.append(f"robust p95 at {x.planned_rate_rps:.2f} req/s per replica: TTFT"
                      f" {x.ttft_p95_ms_robust:.0f} ms, TPOT {x.tpot_p95_ms_robust:.1f} ms;"
                      f" goodput {d.goodput_tok_s:.0f} of"
                      f" {d.demand_tok_s:.0f} tok/s demanded")

@@ -73,7 +73,7 @@ def placed(job_id: str, mechanism_ids: tuple[str, ...] = ()) -> plan_pb2.Decisio
         explanation=plan_pb2.Explanation(
             job_id=job_id, decision="place", config_label="h100-sxm tp1 bf16 vllm",
             hypothesis="one H100 holds the 8B model", ttft_p95_ms_robust=410,
-            tpot_p95_ms_robust=12.5, mechanism_ids=list(mechanism_ids)))
+            tpot_p95_ms_robust=12.5, planned_rate_rps=1.5, mechanism_ids=list(mechanism_ids)))
 
 
 def plan(tick: int, *decisions: plan_pb2.Decision) -> plan_pb2.ClusterPlan:
@@ -292,7 +292,7 @@ def test_explain_latest_placement(api: Running) -> None:
     assert [m.id for m in resp.mechanisms] == ["m-kv"]
     assert resp.summary.startswith(f"tick 7: place job chat-a on 2× h100-sxm tp1 bf16 vllm"
                                    f" ({OFFERING}), 2 GPUs, 6.20 USD/h")
-    assert "robust p95 (one replica, whole load): TTFT 410 ms, TPOT 12.5 ms" in resp.summary
+    assert "robust p95 at 1.50 req/s per replica: TTFT 410 ms, TPOT 12.5 ms" in resp.summary
     assert "because m-kv: kv_pressure > 0.85 → TPOT ×1.6" in resp.summary
     assert "cites m-gone, not in causal state v3 held here" in resp.summary
     assert list(resp.alternatives) == []

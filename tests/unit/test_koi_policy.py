@@ -53,6 +53,26 @@ def test_reports_learning_and_explanations(koi_run) -> None:
     placed = [e for e in reports[-1].explanations if e.decision == "place"]
     assert placed and all(e.replicas >= 1 and e.config_label for e in placed)
     assert "serves" in placed[0].text()
+    # an online job's robust p95s are at the load each replica is planned to carry: the
+    # job's rate (with headroom) split over its replicas; where that is within the robust
+    # max rate, the robust p95s meet the SLO (the composer sized the replicas for it)
+    headroom = KoiSettings().rate_headroom
+    slo = {"chat": (1000.0, 60.0), "big": (2000.0, 100.0)}  # as SCENARIO sets them
+    checked = 0
+    for r in reports[5:]:
+        for e in r.explanations:
+            if e.decision != "place" or e.job_id not in slo:
+                continue
+            assert 0 < e.planned_rate_rps <= (6.0 if e.job_id == "chat" else 1.5) * headroom \
+                * 1.5 / e.replicas  # observed rate: within 1.5× of the spec's here
+            assert f"at the planned {e.planned_rate_rps:.2f} req/s per replica" in e.text()
+            if e.planned_rate_rps <= e.max_rate_rps_robust:
+                assert e.ttft_p95_ms_robust <= slo[e.job_id][0] * 1.001
+                assert e.tpot_p95_ms_robust <= slo[e.job_id][1] * 1.001
+                checked += 1
+    assert checked > 0
+    batch = [e for e in reports[-1].explanations if e.job_id == "bulk" and e.decision == "place"]
+    assert all(e.planned_rate_rps == 0 for e in batch)
     keys = summary(koi_run)
     assert {"abs_error_ttft_first", "abs_error_ttft_last", "coverage_tpot_p95_final"} <= set(keys)
     assert {"abs_error_ttft_p95_first", "abs_error_tpot_p95_last"} <= set(keys)

@@ -10,6 +10,7 @@ log can all say the same thing. No decisions here.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from koi.calibrate import HIGHER_BETTER, DroCalibrator
@@ -17,7 +18,11 @@ from koi.catalog import Catalog
 from koi.causal.scope import scope_of
 from koi.causal.store import BeliefStore
 from koi.compose import ComposePlan
-from koi.planner.evaluate import Evaluated
+from koi.planner.evaluate import Evaluated, JobLoad, Robustness
+from koi.planner.propose import Proposal
+from koi.predictor.api import predict_many
+from koi.predictor.calibration import Calibration
+from koi.predictor.types import LoadMode, Workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +45,7 @@ class Explanation:
     mechanism_ids: tuple[str, ...] = ()
     goodput_tok_s: float = 0.0
     usd_per_hour: float = 0.0
+    planned_rate_rps: float = 0.0   # per replica: the job's rate (with headroom) ÷ replicas
 
     def text(self) -> str:
         """The decision in plain words, as an operator reads it."""
@@ -50,10 +56,12 @@ class Explanation:
                  f"  serves {self.goodput_tok_s:,.0f} tok/s within SLO for "
                  f"${self.usd_per_hour:,.2f}/h",
                  f"  per replica: up to {self.max_rate_rps_robust:.2f} req/s robustly "
-                 f"({self.max_rate_rps_nominal:.2f} as predicted)",
-                 f"  one replica alone at the job's whole load: p95 TTFT "
-                 f"{self.ttft_p95_ms_robust:,.0f} ms, TPOT {self.tpot_p95_ms_robust:.1f} ms "
-                 "in the worst case inside the radius"]
+                 f"({self.max_rate_rps_nominal:.2f} as predicted)"]
+        if self.planned_rate_rps > 0:
+            lines.append(f"  at the planned {self.planned_rate_rps:.2f} req/s per replica: p95"
+                         f" TTFT {self.ttft_p95_ms_robust:,.0f} ms, TPOT"
+                         f" {self.tpot_p95_ms_robust:.1f} ms in the worst case inside the"
+                         " radius")
         corrections = ", ".join(f"{o} ×{m:.2f}" for o, m in self.multipliers
                                 if abs(math.log(m)) > 0.01)
         lines.append(f"  beliefs on {self.scope}: {corrections or 'prior (no correction)'}")
@@ -68,9 +76,15 @@ class Explanation:
 
 
 def explain_choices(plan: ComposePlan, ev: Evaluated, beliefs: BeliefStore,
-                    calibrator: DroCalibrator, catalog: Catalog,
-                    use_beliefs: bool = True) -> tuple[Explanation, ...]:
+                    calibrator: DroCalibrator, catalog: Catalog, loads: Mapping[str, JobLoad],
+                    robustness: Callable[[Proposal], Robustness], *,
+                    use_beliefs: bool = True, calibration: Calibration | None = None,
+                    backend: str = "numba") -> tuple[Explanation, ...]:
+    """One explanation per choice of ``plan``; an online job's robust p95s are predicted
+    afresh at the load each of its replicas is planned to carry (``ev`` holds them at
+    the job's whole load on one replica), with the same ``robustness`` as the evaluator."""
     radii = tuple(sorted(calibrator.radii().items()))
+    at_plan = _robust_p95_at_plan(plan, ev, loads, robustness, catalog, calibration, backend)
     out = []
     for c in plan.choices:
         if c.candidate_id is None or c.config is None:
@@ -85,8 +99,9 @@ def explain_choices(plan: ComposePlan, ev: Evaluated, beliefs: BeliefStore,
             job_id=c.job_id, decision=c.decision.value, reason=c.reason,
             config_label=_label(p.config), offering=c.offering, replicas=c.replicas,
             hypothesis=p.hypothesis, scope=scope.label(),
-            ttft_p95_ms_robust=float(ev.ttft_p95_ms[i]),
-            tpot_p95_ms_robust=float(ev.tpot_p95_ms[i]),
+            ttft_p95_ms_robust=at_plan.get(c.job_id, (0.0, 0.0, 0.0))[1],
+            tpot_p95_ms_robust=at_plan.get(c.job_id, (0.0, 0.0, 0.0))[2],
+            planned_rate_rps=at_plan.get(c.job_id, (0.0, 0.0, 0.0))[0],
             max_rate_rps_nominal=float(ev.nominal_max_rate_rps[i]),
             max_rate_rps_robust=float(ev.max_rate_rps[i]),
             multipliers=tuple(sorted(mult.items())), radii=radii,
@@ -94,6 +109,34 @@ def explain_choices(plan: ComposePlan, ev: Evaluated, beliefs: BeliefStore,
             mechanism_ids=tuple(m.id for m in mechs[:3]) + p.mechanism_ids,
             goodput_tok_s=c.goodput_tok_s, usd_per_hour=c.usd_per_hour))
     return tuple(out)
+
+
+def _robust_p95_at_plan(plan: ComposePlan, ev: Evaluated, loads: Mapping[str, JobLoad],
+                        robustness: Callable[[Proposal], Robustness], catalog: Catalog,
+                        calibration: Calibration | None, backend: str
+                        ) -> dict[str, tuple[float, float, float]]:
+    """job → (planned req/s per replica, robust p95 TTFT ms, robust p95 TPOT ms) for
+    every placed online job, in one predictor call."""
+    jobs, pairs, robust = [], [], []
+    for c in plan.choices:
+        load = loads.get(c.job_id)
+        if c.candidate_id is None or c.config is None or c.replicas < 1 or load is None \
+                or load.batch or load.rate_rps <= 0:
+            continue
+        p = ev.proposals[int(str(c.candidate_id).split("@", 1)[0])]
+        rate = load.rate_rps / c.replicas
+        jobs.append((c.job_id, rate))
+        robust.append(robustness(p))
+        pairs.append((p.config, Workload(input_len=max(load.input_len, 1.0),
+                                         output_len=max(load.output_len, 1.0),
+                                         mode=LoadMode.RATE, load=rate)))
+    if not pairs:
+        return {}
+    preds = predict_many(pairs, catalog=catalog, calibration=calibration, backend=backend,
+                         validate=False)
+    return {job: (rate, pred.ttft_p95_ms * r.ttft_mult * math.exp(r.radius_ttft),
+                  pred.tpot_p95_ms * r.tpot_mult * math.exp(r.radius_tpot))
+            for (job, rate), pred, r in zip(jobs, preds, robust, strict=True)}
 
 
 def _label(cfg) -> str:

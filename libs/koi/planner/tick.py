@@ -157,8 +157,7 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     stage["place"] = time.perf_counter() - t
     stage["total"] = time.perf_counter() - t0
 
-    explanations = explain_choices(plan, ev, beliefs, calibrator, catalog,
-                                   settings.use_beliefs)
+    explanations = explain_stage(plan, ev, snapshot, beliefs, calibrator, settings, catalog)
     report = tick_report(snapshot, plan, explanations, stage, len(ev), abs_error, beliefs,
                          calibrator, settings, catalog)
     running = running_deployments(snapshot)
@@ -235,6 +234,17 @@ def compose_stage(ev: Evaluated, snapshot: ClusterSnapshot, settings: KoiSetting
     return compose(ComposeInput(jobs=demands, candidates=table, capacity=capacity,
                                 weights=settings.weights, top_k=settings.top_k,
                                 time_limit_s=settings.compose_time_limit_s))
+
+
+def explain_stage(plan: ComposePlan, ev: Evaluated, snapshot: ClusterSnapshot,
+                  beliefs: BeliefStore, calibrator: DroCalibrator, settings: KoiSettings,
+                  catalog: Catalog) -> tuple[Explanation, ...]:
+    """Why each job is where ``plan`` puts it, with the numbers at the planned load."""
+    loads = job_loads(active_jobs(snapshot), snapshot, settings.rate_headroom)
+    return explain_choices(plan, ev, beliefs, calibrator, catalog, loads,
+                           _robustness(beliefs, calibrator, settings, catalog),
+                           use_beliefs=settings.use_beliefs,
+                           calibration=settings.calibration, backend=settings.backend)
 
 
 def plan_targets(plan: ComposePlan) -> list[Target]:
