@@ -34,7 +34,7 @@ LATENCY_OUTCOMES = frozenset({"ttft", "ttft_p95", "tpot", "tpot_p95"})
 # A p95 is its mean times a tail factor (p95 ÷ mean). The mean's error goes to the graph
 # edge ``attribute`` picks; what is left of the p95's — how much longer the tail is than
 # the predictor's queueing and length model says — is a scoped belief of its own, on
-# the pseudo-edge (mean outcome, p95 outcome) (docs/CAUSAL.md §4).
+# the pseudo-edge (mean outcome, p95 outcome) (docs/CAUSAL.md §3).
 TAIL_EDGES: dict[str, tuple[str, str]] = {"ttft_p95": ("ttft", "ttft_p95"),
                                           "tpot_p95": ("tpot", "tpot_p95")}
 

@@ -52,6 +52,15 @@ class Robustness:
     radius_tpot: float = 0.0
     radius_tput: float = 0.0
 
+    @property
+    def ttft_factor(self) -> float:
+        """Robust p95 TTFT ÷ raw prediction: the correction, then the worst case."""
+        return self.ttft_mult * math.exp(self.radius_ttft)
+
+    @property
+    def tpot_factor(self) -> float:
+        return self.tpot_mult * math.exp(self.radius_tpot)
+
 
 NOMINAL = Robustness()
 
@@ -143,8 +152,8 @@ def _score(proposals: tuple[Proposal, ...], pairs: list[tuple], rob: list[Robust
     # max_rate_slo already meets the tightened SLOs; the throughput side of robustness
     # scales the rate a replica can sustain at all
     robust_rate = Y[OUT["max_rate_slo"]] * np.minimum(tput_mult, 1.0)
-    ttft_mult = np.array([r.ttft_mult * math.exp(r.radius_ttft) for r in rob])
-    tpot_mult = np.array([r.tpot_mult * math.exp(r.radius_tpot) for r in rob])
+    ttft_mult = np.array([r.ttft_factor for r in rob])
+    tpot_mult = np.array([r.tpot_factor for r in rob])
     has_slo = np.array([loads[p.job_id].slo_ttft_ms > 0 or loads[p.job_id].slo_tpot_ms > 0
                         for p in proposals])
     return Evaluated(

@@ -90,18 +90,17 @@ def explain_choices(plan: ComposePlan, ev: Evaluated, beliefs: BeliefStore,
         if c.candidate_id is None or c.config is None:
             out.append(Explanation(c.job_id, c.decision.value, c.reason))
             continue
-        i = int(str(c.candidate_id).split("@", 1)[0])
+        i = _proposal_index(c.candidate_id)
         p = ev.proposals[i]
         scope = scope_of(p.config, catalog)
         mult = beliefs.correction(scope) if use_beliefs else {}
+        rate, ttft, tpot = at_plan.get(c.job_id, (0.0, 0.0, 0.0))
         mechs = beliefs.applicable_mechanisms([scope]) if use_beliefs else ()
         out.append(Explanation(
             job_id=c.job_id, decision=c.decision.value, reason=c.reason,
             config_label=_label(p.config), offering=c.offering, replicas=c.replicas,
             hypothesis=p.hypothesis, scope=scope.label(),
-            ttft_p95_ms_robust=at_plan.get(c.job_id, (0.0, 0.0, 0.0))[1],
-            tpot_p95_ms_robust=at_plan.get(c.job_id, (0.0, 0.0, 0.0))[2],
-            planned_rate_rps=at_plan.get(c.job_id, (0.0, 0.0, 0.0))[0],
+            ttft_p95_ms_robust=ttft, tpot_p95_ms_robust=tpot, planned_rate_rps=rate,
             max_rate_rps_nominal=float(ev.nominal_max_rate_rps[i]),
             max_rate_rps_robust=float(ev.max_rate_rps[i]),
             multipliers=tuple(sorted(mult.items())), radii=radii,
@@ -109,6 +108,11 @@ def explain_choices(plan: ComposePlan, ev: Evaluated, beliefs: BeliefStore,
             mechanism_ids=tuple(m.id for m in mechs[:3]) + p.mechanism_ids,
             goodput_tok_s=c.goodput_tok_s, usd_per_hour=c.usd_per_hour))
     return tuple(out)
+
+
+def _proposal_index(candidate_id: object) -> int:
+    """The proposal a composed row came from (row ids are ``"<index>@<offering>"``)."""
+    return int(str(candidate_id).split("@", 1)[0])
 
 
 def _robust_p95_at_plan(plan: ComposePlan, ev: Evaluated, loads: Mapping[str, JobLoad],
@@ -123,7 +127,7 @@ def _robust_p95_at_plan(plan: ComposePlan, ev: Evaluated, loads: Mapping[str, Jo
         if c.candidate_id is None or c.config is None or c.replicas < 1 or load is None \
                 or load.batch or load.rate_rps <= 0:
             continue
-        p = ev.proposals[int(str(c.candidate_id).split("@", 1)[0])]
+        p = ev.proposals[_proposal_index(c.candidate_id)]
         rate = load.rate_rps / c.replicas
         jobs.append((c.job_id, rate))
         robust.append(robustness(p))
@@ -134,8 +138,7 @@ def _robust_p95_at_plan(plan: ComposePlan, ev: Evaluated, loads: Mapping[str, Jo
         return {}
     preds = predict_many(pairs, catalog=catalog, calibration=calibration, backend=backend,
                          validate=False)
-    return {job: (rate, pred.ttft_p95_ms * r.ttft_mult * math.exp(r.radius_ttft),
-                  pred.tpot_p95_ms * r.tpot_mult * math.exp(r.radius_tpot))
+    return {job: (rate, pred.ttft_p95_ms * r.ttft_factor, pred.tpot_p95_ms * r.tpot_factor)
             for (job, rate), pred, r in zip(jobs, preds, robust, strict=True)}
 
 
