@@ -77,4 +77,5 @@ def test_impossible_slo_is_rejected_with_the_reason() -> None:
     by_job = {a.job_id: a for a in decision.actions}
     assert by_job["fast"].kind == ActionKind.REJECT
     assert "SLO" in by_job["fast"].reason and "TTFT" in by_job["fast"].reason
+    assert "at any load" in by_job["fast"].reason  # not only at the job's whole load
     assert by_job["fine"].kind == ActionKind.LAUNCH

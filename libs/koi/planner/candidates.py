@@ -183,9 +183,11 @@ def _infeasible_reasons(ev: Evaluated) -> dict[str, str]:
     out = {}
     for job_id, (_, i) in best.items():
         cfg = ev.proposals[i].config
-        out[job_id] = (f"no configuration meets the SLO robustly; closest is {cfg.accelerator}"
-                       f" tp{cfg.tp} {cfg.weight_precision} {cfg.engine} with TTFT p95 "
-                       f"{_ms(ev.ttft_p95_ms[i])} and TPOT p95 {_ms(ev.tpot_p95_ms[i])}")
+        # the evaluator's p95s are with the job's whole rate on one replica (Evaluated)
+        out[job_id] = (f"no configuration meets the SLO robustly at any load; closest is"
+                       f" {cfg.accelerator} tp{cfg.tp} {cfg.weight_precision} {cfg.engine}"
+                       f" (one replica at the job's whole load: TTFT p95"
+                       f" {_ms(ev.ttft_p95_ms[i])}, TPOT p95 {_ms(ev.tpot_p95_ms[i])})")
     return out
 
 
