@@ -16,6 +16,7 @@ from koi.predictor.types import LoadMode, Prediction, Workload
 from koi.space import DeploymentConfig, KvDtype, Precision, validate
 
 SETTINGS = settings(max_examples=40, deadline=None)
+PLATEAU_DIP = 0.05  # see test_more_clients_never_lower_throughput_up_to_the_cap
 
 
 @lru_cache(maxsize=1)
@@ -131,12 +132,23 @@ def test_longer_input_never_lowers_kv_pressure(cfg: DeploymentConfig, wl: Worklo
        st.floats(0.0, 1.0), st.floats(0.0, 1.0))
 def test_more_clients_never_lower_throughput_up_to_the_cap(
         cfg: DeploymentConfig, i_len: float, o_len: float, u1: float, u2: float) -> None:
+    """Up to the saturation batch, more clients never lower throughput by more than a
+    plateau's dip.
+
+    Not strictly monotone, by design: once a replica is prefill-bound (short outputs,
+    long prompts), every extra decoding sequence takes one token of the chunked-prefill
+    budget and a little step time, so completions — and output tokens — fall slightly as
+    clients are added, as in an engine that schedules decodes first. CI found a 2e-5
+    dip (qwen2.5-72b int4 on 4×l4, 609/16 tokens); 3,000 random draws of this test's
+    space gave at most 1.5 %, a targeted search (1,024 seqs, 2,048-token budget, 16-token
+    outputs) 1.0 %. A dip beyond 5 % would be a fault, not the plateau.
+    """
     cap = saturation(cfg, i_len, o_len).batch_size * cfg.replicas
     lo, hi = sorted((1 + u1 * (cap - 1), 1 + u2 * (cap - 1)))
     assume(cap >= 1)
     few = predict(cfg, Workload(i_len, o_len, LoadMode.CONCURRENCY, lo))
     many = predict(cfg, Workload(i_len, o_len, LoadMode.CONCURRENCY, hi))
-    assert many.output_throughput_tok_s >= few.output_throughput_tok_s * (1 - 1e-9)
+    assert many.output_throughput_tok_s >= few.output_throughput_tok_s * (1 - PLATEAU_DIP)
 
 
 @SETTINGS
