@@ -525,7 +525,8 @@ def causal_state_to_proto(beliefs: BeliefStore, calibrator: DroCalibrator, tick:
     msg = causal_pb2.CausalState(version=beliefs.version, tick=tick,
                                  belief_store=beliefs.to_bytes(),
                                  calibrator=calibrator.to_bytes())
-    # edge beliefs, then the p95 tail factors (pseudo-edges "ttft"→"ttft_p95", …)
+    # edge beliefs and the p95 tail factors (pseudo-edges "ttft"→"ttft_p95", …), by
+    # edge and scope
     every = [*beliefs.beliefs.items(), *beliefs.tails.items()]
     for (edge, scope), b in sorted(every, key=lambda kv: (kv[0][0], kv[0][1].key())):
         if not readable_beliefs:
