@@ -14,6 +14,16 @@ out-of-sample coverage. A window of counts, not ticks: as residuals shrink the r
 shrinks within a window, and after a world shift it grows as soon as more than 1 − q of
 the window is new.
 
+Given the observations behind a tick's residuals and the model as it is *after* learning
+from them (``update(..., observations=, rescore=)``), the calibrator keeps the last
+``window`` observations and rebuilds every residual window from them under that model:
+the radius then measures what the current model gets wrong on recent data, not what the
+model of each residual's own tick got wrong. Without it, the first ticks of evidence
+are counted twice — the beliefs learn a bias away while the window still holds it, and
+the plan is shrunk for an error already corrected (BENCHMARKS (q)). The beliefs have
+seen those observations, so the rebuilt radius is in-sample; the coverage record stays
+out-of-sample (each residual is still scored before its own tick's learning).
+
 Immutable (``update`` returns the next calibrator); no I/O; the tick is passed in.
 """
 
@@ -22,13 +32,16 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from koi.causal.observe import OutcomeObservation
+from koi.causal.scope import Scope
 from koi.predictor.types import Prediction
 
-FORMAT = "koi.calibrate/1"
+FORMAT = "koi.calibrate/2"
+FORMATS_READ = ("koi.calibrate/1", FORMAT)  # /1: no observation window
 OUTCOMES: tuple[str, ...] = ("ttft", "ttft_p95", "tpot", "tpot_p95", "throughput")
 HIGHER_BETTER = frozenset({"throughput"})
 
@@ -81,6 +94,8 @@ class DroCalibrator:
     version: int = 0
     residuals: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     hits: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # 1 = was covered
+    # the last ``window`` observations, oldest first, when residuals are re-scored
+    observations: tuple[OutcomeObservation, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 < self.coverage < 1.0:
@@ -98,10 +113,17 @@ class DroCalibrator:
     def radii(self) -> dict[str, float]:
         return {o: self.radius(o) for o in self.outcomes}
 
-    def update(self, batch: Iterable[Mapping[str, float]], tick: int) -> DroCalibrator:
-        """Add one tick's residual dicts (outcome → log residual; unknown keys ignored).
+    def update(self, batch: Iterable[Mapping[str, float]], tick: int, *,
+               observations: Sequence[OutcomeObservation] = (),
+               rescore: Callable[[OutcomeObservation], Mapping[str, float]] | None = None
+               ) -> DroCalibrator:
+        """Add one tick's residual dicts (outcome → log residual under the model the tick
+        was planned with; unknown keys ignored).
 
-        Every residual of the tick is scored against the radius before the tick.
+        Every residual of the tick is scored against the radius before the tick. With
+        ``rescore`` (the model after learning from the tick: observation → residual
+        dict), ``observations`` (those behind ``batch``) join the observation window and
+        every residual window is rebuilt from it under ``rescore``.
         """
         if tick < self.tick:
             raise ValueError(f"tick {tick} is before the calibrator's tick {self.tick}")
@@ -115,7 +137,15 @@ class DroCalibrator:
                     continue
                 hits[o].append(int(adverse(o, r) <= before[o]))
                 res[o].append(float(r))
-        return replace(self, tick=tick, version=self.version + 1,
+        window = self.observations
+        if rescore is not None:
+            window = (*window, *observations)[-self.window:]
+            res = {o: [] for o in self.outcomes}
+            for obs in window:
+                for o, r in rescore(obs).items():
+                    if o in res and math.isfinite(r):
+                        res[o].append(float(r))
+        return replace(self, tick=tick, version=self.version + 1, observations=window,
                        residuals={o: tuple(v[-self.window:]) for o, v in res.items() if v},
                        hits={o: tuple(v[-self.window:]) for o, v in hits.items() if v})
 
@@ -142,16 +172,37 @@ class DroCalibrator:
     # --- serialisation ----------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
-        doc: dict[str, Any] = {"format": FORMAT, **asdict(self)}
+        doc: dict[str, Any] = {"format": FORMAT, "coverage": self.coverage,
+                               "window": self.window, "prior_radius": self.prior_radius,
+                               "outcomes": list(self.outcomes), "tick": self.tick,
+                               "version": self.version,
+                               "residuals": {k: list(v) for k, v in self.residuals.items()},
+                               "hits": {k: list(v) for k, v in self.hits.items()},
+                               "observations": [_obs_doc(o) for o in self.observations]}
         return zlib.compress(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode(), 1)
 
     @staticmethod
     def from_bytes(data: bytes) -> DroCalibrator:
+        """Reads this format and ``koi.calibrate/1`` (which kept no observations)."""
         doc = json.loads(zlib.decompress(data))
-        if doc.pop("format", None) != FORMAT:
+        if doc.pop("format", None) not in FORMATS_READ:
             raise ValueError(f"not a {FORMAT} document")
         return DroCalibrator(
             coverage=doc["coverage"], window=doc["window"], prior_radius=doc["prior_radius"],
             outcomes=tuple(doc["outcomes"]), tick=doc["tick"], version=doc["version"],
             residuals={k: tuple(v) for k, v in doc["residuals"].items()},
-            hits={k: tuple(v) for k, v in doc["hits"].items()})
+            hits={k: tuple(v) for k, v in doc["hits"].items()},
+            observations=tuple(_obs_from_doc(d) for d in doc.get("observations", ())))
+
+
+_OBS_FIELDS = tuple(f.name for f in fields(OutcomeObservation))
+
+
+def _obs_doc(obs: OutcomeObservation) -> dict[str, Any]:
+    doc = {name: getattr(obs, name) for name in _OBS_FIELDS}
+    return {**doc, "scope": obs.scope.key(), "predicted": dict(obs.predicted),
+            "observed": dict(obs.observed)}
+
+
+def _obs_from_doc(doc: Mapping[str, Any]) -> OutcomeObservation:
+    return OutcomeObservation(**{**doc, "scope": Scope.from_key(doc["scope"])})

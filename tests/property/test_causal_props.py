@@ -98,3 +98,20 @@ def test_calibrator_round_trip_and_radius_bounds(batch: list, window: int) -> No
             # one-sided: only the adverse part of a residual can widen the radius
             assert cal.radius(o) <= max(max(max(adverse(o, r), 0.0) for r in res),
                                         cal.prior_radius)
+
+
+@settings(max_examples=25, deadline=None)
+@given(ticks, st.integers(1, 12))
+def test_rescored_calibrator_round_trips_and_scores_its_window_under_the_store(
+        batches: list, window: int) -> None:
+    store, cal = BeliefStore(config=BeliefConfig(min_support=2)), DroCalibrator(window=window)
+    for t, batch in enumerate(batches):
+        before = [store.corrected_residuals(o) for o in batch]
+        store = store.update(batch, t)
+        cal = cal.update(before, t, observations=batch, rescore=store.corrected_residuals)
+    assert DroCalibrator.from_bytes(cal.to_bytes()) == cal
+    kept = [o for b in batches for o in b][-window:]
+    assert cal.observations == tuple(kept)
+    for o in ("ttft", "tpot", "throughput"):
+        assert cal.residuals.get(o, ()) == tuple(
+            r[o] for r in map(store.corrected_residuals, kept) if o in r)

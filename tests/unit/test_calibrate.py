@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
+import zlib
 
 import numpy as np
 import pytest
 
 from koi.calibrate import DroCalibrator, conformal_radius
+from koi.causal.observe import OutcomeObservation, log_residuals
+from koi.causal.scope import Scope
 
 
 def feed(cal: DroCalibrator, rng: np.random.Generator, ticks: range, mean: float, sd: float,
@@ -91,3 +95,59 @@ def test_guards_and_round_trip() -> None:
         DroCalibrator(coverage=1.0)
     ignored = cal.update([{"tpot": float("nan"), "other": 1.0}], 3)
     assert ignored.residuals == cal.residuals
+
+
+def tpot_obs(tick: int, observed_ms: float, i: int = 0) -> OutcomeObservation:
+    """A deployment whose TPOT was predicted at 20 ms."""
+    return OutcomeObservation(deployment_id=f"d{i}", job_id="j", tick=tick,
+                              scope=Scope(accelerator="h100", engine="vllm"),
+                              predicted={"tpot_ms": 20.0}, observed={"tpot_ms": observed_ms},
+                              weight=100.0)
+
+
+def test_rescoring_measures_the_learnt_model_not_the_model_of_each_tick() -> None:
+    # the world is 2x slower than predicted; the model learns that from the first tick
+    rng = np.random.default_rng(3)
+    bias = math.log(2.0)
+
+    def learnt(o: OutcomeObservation) -> dict[str, float]:
+        return {k: r - bias for k, r in log_residuals(o).items()}
+
+    plain = rescored = DroCalibrator(coverage=0.5)
+    for t in range(2):
+        obs = [tpot_obs(t, 40.0 * math.exp(rng.normal(0.0, 0.05)), i) for i in range(20)]
+        # tick 0 is planned on the raw prediction, later ticks on the learnt one
+        batch = [log_residuals(o) if t == 0 else learnt(o) for o in obs]
+        plain = plain.update(batch, t)
+        rescored = rescored.update(batch, t, observations=obs, rescore=learnt)
+    # without re-scoring, the tick-0 residuals (≈ log 2) still fill half the window, so
+    # the plan would be shrunk ×2 again for an error the beliefs already correct
+    assert rescored.radius("tpot") < 0.1 and plain.radius("tpot") > 0.5
+    # tick 0 missed the prior's ×1.65 either way; tick 1 (judged before its own
+    # learning, against the radius after tick 0) is over-covered by the stale window and
+    # covered about as often as the 0.5 target by the re-scored one
+    assert rescored.hits["tpot"][:20] == plain.hits["tpot"][:20] == (0,) * 20
+    assert plain.hits["tpot"][20:] == (1,) * 20
+    assert 0.2 <= sum(rescored.hits["tpot"][20:]) / 20 <= 0.8
+    assert len(rescored.observations) == 40 and rescored.residuals["tpot"][0] < 0.2
+
+
+def test_the_observation_window_keeps_the_last_window_and_round_trips() -> None:
+    cal = DroCalibrator(window=3)
+    obs = [tpot_obs(t, 20.0 + t, t) for t in range(5)]
+    for t, o in enumerate(obs):
+        cal = cal.update([log_residuals(o)], t, observations=[o], rescore=log_residuals)
+    assert cal.observations == tuple(obs[-3:])
+    assert cal.residuals["tpot"] == tuple(log_residuals(o)["tpot"] for o in obs[-3:])
+    assert DroCalibrator.from_bytes(cal.to_bytes()) == cal
+
+
+def test_a_calibrator_saved_before_observation_windows_still_loads() -> None:
+    doc = {"format": "koi.calibrate/1", "coverage": 0.5, "window": 200, "prior_radius": 0.5,
+           "outcomes": ["tpot"], "tick": 4, "version": 2, "residuals": {"tpot": [0.1, 0.3]},
+           "hits": {"tpot": [1, 0]}}
+    cal = DroCalibrator.from_bytes(zlib.compress(json.dumps(doc).encode()))
+    assert cal.observations == () and cal.residuals["tpot"] == (0.1, 0.3)
+    assert cal.radius("tpot") == 0.3  # the 2nd smallest of 2 at q = 0.5
+    with pytest.raises(ValueError, match=r"not a koi\.calibrate"):
+        DroCalibrator.from_bytes(zlib.compress(json.dumps({**doc, "format": "x"}).encode()))

@@ -3,8 +3,9 @@
 ``plan_tick(snapshot, telemetry, state, settings, catalog) -> (decision, report, state')``
 
 1. **learn** — each deployment's last tick is predicted afresh at the load it actually
-   saw; observed vs predicted updates the scoped causal beliefs, and the residuals left
-   after the beliefs' correction feed the DRO calibrator;
+   saw; observed vs predicted updates the scoped causal beliefs, and the DRO calibrator
+   re-scores its recent observations against the updated beliefs (what the learnt model
+   still gets wrong);
 2. **propose** — per job, candidate configurations guided by the running deployment's
    mediators and the playbook's mechanisms;
 3. **evaluate** — one numba kernel call scores every candidate robustly (belief
@@ -323,8 +324,12 @@ def learn_from(observations: Sequence[OutcomeObservation], beliefs: BeliefStore,
     if not settings.learn or not observations:
         return beliefs, calibrator, abs_error
     at = max(tick, beliefs.tick)
-    updated = beliefs.update(list(observations), at) if settings.use_beliefs else beliefs
-    return updated, calibrator.update(residuals, at), abs_error
+    if not settings.use_beliefs:
+        return beliefs, calibrator.update(residuals, at), abs_error
+    updated = beliefs.update(list(observations), at)
+    # the radius measures the learnt model on the recent window (calibrate.py)
+    return updated, calibrator.update(residuals, at, observations=observations,
+                                      rescore=updated.corrected_residuals), abs_error
 
 
 # --- propose / evaluate -----------------------------------------------------------------
