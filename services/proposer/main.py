@@ -2,15 +2,16 @@
 
 The tick's active jobs are cut into work items on ``koi.work.propose`` that every
 proposer replica serves (queue group ``proposer``); each item is
-``koi.planner.tick.propose_stage`` for its jobs against the tick's snapshot and causal
-state, read back from the tick stream. Candidates come back in job order, exactly as
-the in-process planner orders them.
+``koi.planner.tick.propose_stage`` for its jobs against the tick's snapshot, causal
+state and observations (the running deployments' mediators), read back from the tick
+stream. Candidates come back in job order, exactly as the in-process planner orders
+them.
 """
 
 from __future__ import annotations
 
 from koi import subjects
-from koi.planner.tick import active_jobs, propose_stage
+from koi.planner.tick import active_jobs, mediator_hints, propose_stage
 from koi.policies.koi import settings_for
 from koi.v1 import work_pb2
 from koi.wire import planning
@@ -31,9 +32,11 @@ async def run(ctx: ServiceContext) -> None:
         item = work_pb2.ProposeWork.FromString(data)
         snapshot = await reader.snapshot(item.tick)
         version, mechanisms = await reader.mechanisms(item.tick)
+        _, observations = await reader.observations(item.tick)
         by_id = {j.id: j for j in active_jobs(snapshot)}
         jobs = [by_id[i] for i in item.job_ids if i in by_id]
-        proposals = propose_stage(snapshot, mechanisms, settings, ctx.catalog, jobs=jobs)
+        proposals = propose_stage(snapshot, mechanisms, settings, ctx.catalog, jobs=jobs,
+                                  hints=mediator_hints(observations))
         return planning.encode_candidates(item.tick, version, proposals)
 
     async def handle(subject: str, data: bytes, headers: dict | None) -> None:

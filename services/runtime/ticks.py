@@ -61,6 +61,10 @@ class TickReader:
     async def snapshot(self, tick: int, *, wait: bool = True):
         return await self._decoded(tick, "snapshot", planning.decode_snapshot, wait)
 
+    async def observations(self, tick: int):
+        """(tick, observations) telemetry-ingest published for tick ``tick``."""
+        return await self._decoded(tick, "observations", planning.decode_observations)
+
     async def causal(self, tick: int):
         """(beliefs, calibrator, tick) after learning tick ``tick``."""
         return await self._decoded(tick, "causal", planning.decode_causal_state)

@@ -71,3 +71,26 @@ def test_a_job_nothing_serves_robustly_is_held_as_it_runs() -> None:
     choice = plan.choice("a")
     assert choice.decision == Decision.DEFER
     assert choice.reason.startswith("kept as it runs, nothing added: no configuration meets")
+
+
+def test_the_running_deployments_mediators_guide_the_proposer_only_when_enabled() -> None:
+    from koi.planner.propose import Hints
+    from koi.planner.tick import KoiSettings, propose_stage
+
+    job = online("a")
+    snap, dep = running_snapshot(job)
+    comm_bound = {dep.id: Hints(comm_overhead_frac=0.4)}
+    lim = ProposerLimits(max_per_job=30, guided=4)
+    off = KoiSettings(proposer=lim)
+    on = KoiSettings(proposer=lim, mediator_guidance=True)
+    plain = propose_stage(snap, [], off, CAT)
+    assert propose_stage(snap, [], off, CAT, hints=comm_bound) == plain
+    # the running config is tp1 here, so "fewer ranks" has nothing to promote; a tp2 one
+    wide = dep.config.with_(tp=2)
+    snap2 = ClusterSnapshot(5, 300.0, 60.0, 3600.0, snap.capacity,
+                            (Deployment("d1", "a", wide, H100, DeploymentState.RUNNING,
+                                        2, 0, 0.0),), (job,))
+    guided = propose_stage(snap2, [], on, CAT, hints=comm_bound)
+    assert guided[0].config == wide.with_(offering="", replicas=1)
+    assert all(p.config.tp < 2 and "comm-bound" in p.hypothesis for p in guided[1:5])
+    assert propose_stage(snap2, [], off, CAT, hints=comm_bound)[1:5] != guided[1:5]

@@ -53,6 +53,37 @@ def test_kv_bound_deployment_promotes_more_tp_and_fp8_kv(cat) -> None:
     assert all("KV-bound" in p.hypothesis for p in promoted)
 
 
+def test_mediator_guidance_adds_a_bounded_number_to_the_capped_set(cat) -> None:
+    # a saturated batch job is always KV-bound: its promoted candidates (more TP, fp8 KV
+    # on the same part) must not crowd the cheap options on other parts out of the set
+    current = engine_default_config("llama-3.1-8b", "l40s", "vllm", cat)
+    lim = ProposerLimits(max_per_job=30, guided=5)
+    plain = propose("j", "llama-3.1-8b", ACCELS, cat, current=current, limits=lim)
+    kv = propose("j", "llama-3.1-8b", ACCELS, cat, current=current, limits=lim,
+                 hints=Hints(kv_pressure=0.97))
+    assert kv[0] == plain[0]  # the running configuration first
+    guided = kv[1:6]
+    assert all("KV-bound" in p.hypothesis and p.config.accelerator == "l40s" for p in guided)
+    assert all(p.priority >= 3.0 for p in guided)
+    # then the unguided set, whole: guided candidates come on top of it, not instead
+    rest = [p.config for p in plain[1:] if p.config not in {g.config for g in guided}]
+    assert [p.config for p in kv[6:]] == rest
+    assert all(p.priority == 0.0 for p in kv[6:])
+    assert 30 <= len(kv) <= 35
+    assert set(Counter(p.config.accelerator for p in kv)) == set(ACCELS)
+
+
+def test_a_full_kv_cache_that_does_not_preempt_is_not_kv_bound(cat) -> None:
+    current = engine_default_config("llama-3.1-70b", "h100-sxm", "vllm", cat, tp=2,
+                                    weight_precision="fp8")
+    busy = propose("j", "llama-3.1-70b", ACCELS, cat, current=current,
+                   hints=Hints(kv_pressure=0.97, kv_preemptions=0.0))
+    assert not any("KV-bound" in p.hypothesis for p in busy)
+    bound = propose("j", "llama-3.1-70b", ACCELS, cat, current=current,
+                    hints=Hints(kv_pressure=0.97, kv_preemptions=12.0))
+    assert any("KV-bound" in p.hypothesis for p in bound)
+
+
 def test_comm_bound_deployment_promotes_fewer_ranks(cat) -> None:
     current = engine_default_config("llama-3.1-8b", "l40s", "vllm", cat, tp=4)
     props = propose("j", "llama-3.1-8b", ACCELS, cat, current=current,
@@ -99,3 +130,18 @@ def test_numba_and_numpy_backends_agree(cat) -> None:
     b = evaluate(props, loads, backend="numba")
     np.testing.assert_allclose(a.max_rate_rps, b.max_rate_rps, rtol=1e-9)
     np.testing.assert_allclose(a.ttft_p95_ms, b.ttft_p95_ms, rtol=1e-9)
+
+
+def test_mediator_hints_read_the_reported_kv_usage_and_the_predicted_rest() -> None:
+    from koi.causal import OutcomeObservation, Scope
+    from koi.planner.tick import mediator_hints
+
+    pred = {"kv_pressure": 0.4, "comm_overhead_frac": 0.3, "queue_util": 0.9}
+    seen = OutcomeObservation("d1", "j", 3, Scope(), pred,
+                              {"kv_usage": 0.93, "preemptions": 4.0})
+    unseen = OutcomeObservation("d2", "j", 3, Scope(), pred, {})
+    hints = mediator_hints([seen, unseen])
+    assert hints["d1"] == Hints(kv_pressure=0.93, comm_overhead_frac=0.3, queue_util=0.9,
+                                kv_preemptions=4.0)
+    # nothing reported: the prediction's KV pressure, preemptions unknown
+    assert hints["d2"].kv_pressure == 0.4 and hints["d2"].kv_preemptions is None

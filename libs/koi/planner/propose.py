@@ -7,7 +7,12 @@ them so that the ones the evidence points to come first:
 
 * the job's running configuration (staying put is always a candidate);
 * when the running deployment is KV-bound: more TP and an fp8 KV cache;
-* when it is communication-bound: fewer ranks;
+* when it is communication-bound: fewer ranks; when its queue is near saturation, any
+  candidate gains a little (more capacity is worth a look). At most
+  ``ProposerLimits.guided`` of these mediator-guided candidates come right after the
+  running configuration, *on top of* the capped evidence-free set, so that a deployment
+  that is always KV-bound (a saturated batch job) cannot crowd the cheap options on
+  other parts out of it;
 * mechanisms from the playbook that say a scope does better (or worse) than the
   prior move those candidates up (or down) and are cited in the hypothesis.
 
@@ -19,7 +24,7 @@ chosen here: a proposal is priced per offering later. No prediction, no scoring.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from koi.catalog import Catalog
@@ -33,6 +38,9 @@ class Hints:
     kv_pressure: float = 0.0
     comm_overhead_frac: float = 0.0
     queue_util: float = 0.0
+    # KV-overflow preemptions (recomputes) in the window; None = not reported. A full
+    # KV cache alone is how a busy engine runs; KV-*bound* is a full cache that preempts
+    kv_preemptions: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +72,9 @@ class ProposerLimits:
     kv_dtypes: tuple[str, ...] = ("auto", "fp8")
     max_num_seqs: tuple[int, ...] = (64, 256)
     max_per_job: int = 240
+    # at most this many more, promoted by the running deployment's mediators (the capped
+    # set keeps the evidence-free order, so every part of the fleet stays in)
+    guided: int = 16
     extra_engine_defaults: bool = True  # also try each engine's own max_num_seqs default
     notes: dict[str, str] = field(default_factory=dict)
 
@@ -72,11 +83,13 @@ def propose(job_id: str, model: str, accelerators: Iterable[str], catalog: Catal
             current: DeploymentConfig | None = None, hints: Hints | None = None,
             mechanisms: Sequence[MechanismHint] = (),
             limits: ProposerLimits | None = None) -> list[Proposal]:
-    """Valid candidate configurations for one job, best-first, capped per job."""
+    """Valid candidate configurations for one job, best-first: ``max_per_job`` of them,
+    plus up to ``guided`` that the running deployment's mediators point at."""
     lim = limits or ProposerLimits()
     # (proposal, tiebreak key) pairs; grid configs are unique, so only the running
     # configuration can appear twice
     items: list[tuple[Proposal, tuple]] = []
+    guided: list[tuple[float, Proposal]] = []  # (mediator score, proposal)
     base = current.with_(offering="", replicas=1) if current is not None else None
     if base is not None:
         items.append((Proposal(job_id, base, "keep the running configuration",
@@ -92,9 +105,25 @@ def propose(job_id: str, model: str, accelerators: Iterable[str], catalog: Catal
             applies = in_scope.get((cfg.engine, cfg.tp))
             if applies is None:
                 applies = in_scope[(cfg.engine, cfg.tp)] = [m for m in here if _in_scope(cfg, m)]
-            score, why, mech_ids = _priority(cfg, current, hints, applies)
-            items.append((Proposal(job_id, cfg, why, mech_ids, score), key))
-    return _interleave(items)[: lim.max_per_job]
+            guide, guide_why = _mediator_priority(cfg, current, hints)
+            score, why, mech_ids = _mechanism_priority(applies)
+            why = "; ".join(guide_why + why) or "explore the space"
+            proposal = Proposal(job_id, cfg, why, mech_ids, score + guide)
+            items.append((replace(proposal, priority=score), key))
+            if guide > 0:
+                guided.append((guide, proposal))
+    ranked = _interleave(items)
+    if not guided:
+        return ranked[: lim.max_per_job]
+    # the running configuration, the best-guided candidates, then the capped set the
+    # evidence-free order gives (guided ones on top of it, not instead of its members)
+    rank = {p.config: i for i, p in enumerate(ranked)}
+    picks = [p for _, p in sorted(guided, key=lambda g: (-g[0], rank[g[1].config]))
+             ][: lim.guided]
+    chosen = {p.config for p in picks}
+    head = ranked[:1] if base is not None else []
+    rest = [p for p in ranked[len(head): lim.max_per_job] if p.config not in chosen]
+    return head + picks + rest
 
 
 def _interleave(items: list[tuple[Proposal, tuple]]) -> list[Proposal]:
@@ -147,34 +176,42 @@ def _grid_cached(model: str, accelerator: str, catalog: Catalog, tps: tuple[int,
     return tuple(out), tuple(_tiebreak(c) for c in out)
 
 
-def _priority(cfg: DeploymentConfig, current: DeploymentConfig | None, hints: Hints | None,
-              mechanisms: Sequence[MechanismHint]) -> tuple[float, str, tuple[str, ...]]:
-    """How strongly the evidence points at this candidate, and the words for why
-    (``mechanisms``: the ones in scope of ``cfg``)."""
-    score, reasons, ids = 0.0, [], []
-    if current is not None and hints is not None:
-        same_part = cfg.accelerator == current.accelerator
-        if hints.kv_pressure > 0.85 and same_part:
-            if cfg.tp > current.tp:
-                score += 3.0
-                reasons.append(f"KV-bound (kv_pressure {hints.kv_pressure:.2f}): more TP")
-            if cfg.kv_dtype.value == "fp8" and current.kv_dtype.value != "fp8":
-                score += 3.0
-                reasons.append(f"KV-bound (kv_pressure {hints.kv_pressure:.2f}): fp8 KV")
-        if hints.comm_overhead_frac > 0.25 and cfg.tp < current.tp:
+def _mediator_priority(cfg: DeploymentConfig, current: DeploymentConfig | None,
+                       hints: Hints | None) -> tuple[float, list[str]]:
+    """How strongly the running deployment's mediators point at this candidate, and the
+    words for why."""
+    score, reasons = 0.0, []
+    if current is None or hints is None:
+        return score, reasons
+    same_part = cfg.accelerator == current.accelerator
+    preempting = hints.kv_preemptions is None or hints.kv_preemptions > 0
+    if hints.kv_pressure > 0.85 and preempting and same_part:
+        if cfg.tp > current.tp:
             score += 3.0
-            reasons.append(f"comm-bound ({hints.comm_overhead_frac:.0%} of a step in "
-                           "collectives): fewer ranks")
-        if hints.queue_util > 0.85:
-            score += 1.0
-            reasons.append(f"queue near saturation (ρ {hints.queue_util:.2f}): more capacity")
-    for m in mechanisms:  # already those whose scope holds cfg
+            reasons.append(f"KV-bound (kv_pressure {hints.kv_pressure:.2f}): more TP")
+        if cfg.kv_dtype.value == "fp8" and current.kv_dtype.value != "fp8":
+            score += 3.0
+            reasons.append(f"KV-bound (kv_pressure {hints.kv_pressure:.2f}): fp8 KV")
+    if hints.comm_overhead_frac > 0.25 and cfg.tp < current.tp:
+        score += 3.0
+        reasons.append(f"comm-bound ({hints.comm_overhead_frac:.0%} of a step in "
+                       "collectives): fewer ranks")
+    if hints.queue_util > 0.85:
+        score += 1.0
+        reasons.append(f"queue near saturation (ρ {hints.queue_util:.2f}): more capacity")
+    return score, reasons
+
+
+def _mechanism_priority(mechanisms: Sequence[MechanismHint]
+                        ) -> tuple[float, list[str], tuple[str, ...]]:
+    """How strongly the playbook points at a candidate (``mechanisms``: the ones whose
+    scope holds it), the words for why and the mechanisms cited."""
+    score, reasons, ids = 0.0, [], []
+    for m in mechanisms:
         score += 2.0 if m.effect < 1.0 else -2.0
         ids.append(m.id)
         reasons.append(m.text or f"mechanism {m.id}")
-    if not reasons:
-        reasons.append("explore the space")
-    return score, "; ".join(reasons), tuple(ids)
+    return score, reasons, tuple(ids)
 
 
 def _in_scope(cfg: DeploymentConfig, m: MechanismHint) -> bool:

@@ -7,7 +7,7 @@
    re-scores its recent observations against the updated beliefs (what the learnt model
    still gets wrong);
 2. **propose** — per job, candidate configurations guided by the running deployment's
-   mediators and the playbook's mechanisms;
+   mediators (``mediator_hints``) and the playbook's mechanisms;
 3. **evaluate** — one numba kernel call scores every candidate robustly (belief
    multipliers and the DRO radius tighten the SLOs);
 4. **compose** — candidates priced per offering; one MILP picks a candidate (or defer /
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -72,6 +72,11 @@ class KoiSettings:
     # outcome's radius and coverage either way); without "ttft_p95" hetero-12h gained
     # 4.1 and hetero-3h / real-104 lost 1.1 / 0.6 at coverage 0.9 (BENCHMARKS (m))
     dro_outcomes: tuple[str, ...] = ROBUST_OUTCOMES
+    # the proposer's mediator guidance (KV-bound -> more TP / fp8 KV, comm-bound -> fewer
+    # ranks) from the running deployments' last tick. Off: up to 16 guided candidates on
+    # top of the capped set lost 1.1-1.2 on hetero-12h (every seed lower) and tied on
+    # hetero-3h and real-104 (BENCHMARKS (q))
+    mediator_guidance: bool = False
     migration_budget: int = 4
     compose_time_limit_s: float = 5.0   # a safety net: HiGHS stops at its node limit first
     top_k: int = 40
@@ -142,7 +147,8 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     stage["learn"] = time.perf_counter() - t0
 
     t = time.perf_counter()
-    proposals = propose_stage(snapshot, active_mechanisms(beliefs), settings, catalog)
+    proposals = propose_stage(snapshot, active_mechanisms(beliefs), settings, catalog,
+                              hints=mediator_hints(observations))
     stage["propose"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -207,11 +213,31 @@ def active_jobs(snapshot: ClusterSnapshot) -> list[JobStatus]:
 
 def propose_stage(snapshot: ClusterSnapshot, mechanisms: Sequence[ActiveMechanism],
                   settings: KoiSettings, catalog: Catalog,
-                  jobs: Sequence[JobStatus] | None = None) -> list[Proposal]:
+                  jobs: Sequence[JobStatus] | None = None,
+                  hints: Mapping[str, Hints] | None = None) -> list[Proposal]:
     """Candidates for ``jobs`` (default: every active job), in job order, guided by the
-    playbook's active mechanisms."""
+    playbook's active mechanisms and, with ``settings.mediator_guidance``, by each
+    running deployment's mediators (``hints`` by deployment id: ``mediator_hints`` of
+    the tick's observations)."""
     todo = active_jobs(snapshot) if jobs is None else jobs
-    return _propose_all(snapshot, todo, mechanisms, settings, catalog)
+    guide = (hints or {}) if settings.mediator_guidance else {}
+    return _propose_all(snapshot, todo, mechanisms, settings, catalog, guide)
+
+
+def mediator_hints(observations: Sequence[OutcomeObservation]) -> dict[str, Hints]:
+    """What each observed deployment's last tick says about its bottleneck, by
+    deployment id: the KV-cache usage and KV preemptions it reported, and the
+    communication share and queue utilisation the predictor gives at the load it saw
+    (neither is on a vLLM endpoint)."""
+    out = {}
+    for o in observations:
+        med = o.mediators()
+        preempted = o.observed.get("preemptions")
+        out[o.deployment_id] = Hints(
+            kv_pressure=float(o.observed.get("kv_usage", med["kv_pressure"])),
+            comm_overhead_frac=med["comm_overhead"], queue_util=med["queue_util"],
+            kv_preemptions=None if preempted is None else float(preempted))
+    return out
 
 
 def evaluate_stage(proposals: Sequence[Proposal], snapshot: ClusterSnapshot,
@@ -336,7 +362,7 @@ def learn_from(observations: Sequence[OutcomeObservation], beliefs: BeliefStore,
 
 def _propose_all(snapshot: ClusterSnapshot, jobs: Sequence,
                  mechanisms: Sequence[ActiveMechanism], settings: KoiSettings,
-                 catalog: Catalog) -> list:
+                 catalog: Catalog, hints: Mapping[str, Hints]) -> list:
     accels = sorted({catalog.offering(c.offering).accelerator for c in snapshot.capacity
                      if c.total_gpus > 0})
     mech_hints = _mechanism_hints(mechanisms) if settings.use_beliefs else []
@@ -346,7 +372,7 @@ def _propose_all(snapshot: ClusterSnapshot, jobs: Sequence,
                 if d.state in (DeploymentState.RUNNING, DeploymentState.STARTING)]
         current = live[0].config if live else None
         out += propose(job.id, job.spec.model, accels, catalog, current=current,
-                       hints=Hints() if current is None else None, mechanisms=mech_hints,
+                       hints=hints.get(live[0].id) if live else None, mechanisms=mech_hints,
                        limits=settings.proposer)
     return out
 
