@@ -87,7 +87,7 @@ class DroCalibrator:
     """Per-outcome residual windows, coverage records and the radius they give."""
 
     coverage: float = 0.9        # target share of outcomes inside the radius
-    window: int = 200            # residuals kept per outcome
+    window: int = 200            # residuals kept per outcome (observations, re-scoring)
     prior_radius: float = 0.5    # before there is evidence: ×1.65 either way
     outcomes: tuple[str, ...] = OUTCOMES
     tick: int = 0

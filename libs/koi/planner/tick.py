@@ -6,8 +6,8 @@
    saw; observed vs predicted updates the scoped causal beliefs, and the DRO calibrator
    re-scores its recent observations against the updated beliefs (what the learnt model
    still gets wrong);
-2. **propose** — per job, candidate configurations guided by the running deployment's
-   mediators (``mediator_hints``) and the playbook's mechanisms;
+2. **propose** — per job, candidate configurations guided by the playbook's mechanisms
+   and, with ``KoiSettings.mediator_guidance`` (off), the running deployment's mediators;
 3. **evaluate** — one numba kernel call scores every candidate robustly (belief
    multipliers and the DRO radius tighten the SLOs);
 4. **compose** — candidates priced per offering; one MILP picks a candidate (or defer /
