@@ -41,7 +41,7 @@ from koi.jobs import shared_data_dir
 from koi.planner.explain import Explanation
 from koi.planner.place import Target, place
 from koi.planner.propose import Proposal
-from koi.planner.tick import TickReport, _propose_all, active_mechanisms
+from koi.planner.tick import TickReport, active_mechanisms, mediator_hints, propose_stage
 from koi.policies import make_policy
 from koi.policies.common import job_finished
 from koi.scenario import load_scenario
@@ -150,9 +150,9 @@ def run() -> list[Tick]:
             report = policy.reports[-1]
             active = [j for j in snapshot.jobs if not j.rejected and j.spec.submit_s
                       <= snapshot.time_s and not job_finished(j, snapshot.time_s)]
-            proposals = _propose_all(snapshot, active,
-                                     active_mechanisms(policy.state.beliefs),
-                                     policy.settings, CATALOG)
+            proposals = propose_stage(snapshot, active_mechanisms(policy.state.beliefs),
+                                      policy.settings, CATALOG, jobs=active,
+                                      hints=mediator_hints(observations))
             _, targets, _ = decode_plan_targets(encode_plan(
                 snapshot.tick, report.plan, report.explanations, report.belief_version))
             finished = [j.id for j in snapshot.jobs if job_finished(j, snapshot.time_s)]
