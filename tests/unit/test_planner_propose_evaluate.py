@@ -145,3 +145,18 @@ def test_mediator_hints_read_the_reported_kv_usage_and_the_predicted_rest() -> N
                                 kv_preemptions=4.0)
     # nothing reported: the prediction's KV pressure, preemptions unknown
     assert hints["d2"].kv_pressure == 0.4 and hints["d2"].kv_preemptions is None
+
+
+def test_a_saturated_queue_promotes_only_more_capacity_per_replica(cat) -> None:
+    current = engine_default_config("llama-3.1-8b", "l40s", "vllm", cat, tp=2)
+    props = propose("j", "llama-3.1-8b", ACCELS, cat, current=current,
+                    hints=Hints(queue_util=0.95), limits=ProposerLimits(guided=200))
+    guided = [p for p in props[1:] if "queue near saturation" in p.hypothesis
+              and p.priority > 0]
+    assert guided
+    l40s = cat.accelerator("l40s").bf16_tflops
+    for p in guided:
+        more_gpus = p.config.gpus_per_replica > current.gpus_per_replica
+        same_but_faster = p.config.gpus_per_replica == current.gpus_per_replica and \
+            cat.accelerator(p.config.accelerator).bf16_tflops > l40s
+        assert more_gpus or same_but_faster

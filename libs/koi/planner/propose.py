@@ -7,8 +7,8 @@ them so that the ones the evidence points to come first:
 
 * the job's running configuration (staying put is always a candidate);
 * when the running deployment is KV-bound: more TP and an fp8 KV cache;
-* when it is communication-bound: fewer ranks; when its queue is near saturation, any
-  candidate gains a little (more capacity is worth a look). At most
+* when it is communication-bound: fewer ranks; when its queue is near saturation, a
+  candidate with more capacity per replica gains a little. At most
   ``ProposerLimits.guided`` of these mediator-guided candidates come right after the
   running configuration, *on top of* the capped evidence-free set, so that a deployment
   that is always KV-bound (a saturated batch job) cannot crowd the cheap options on
@@ -105,7 +105,7 @@ def propose(job_id: str, model: str, accelerators: Iterable[str], catalog: Catal
             applies = in_scope.get((cfg.engine, cfg.tp))
             if applies is None:
                 applies = in_scope[(cfg.engine, cfg.tp)] = [m for m in here if _in_scope(cfg, m)]
-            guide, guide_why = _mediator_priority(cfg, current, hints)
+            guide, guide_why = _mediator_priority(cfg, current, hints, catalog)
             score, why, mech_ids = _mechanism_priority(applies)
             why = "; ".join(guide_why + why) or "explore the space"
             proposal = Proposal(job_id, cfg, why, mech_ids, score + guide)
@@ -177,7 +177,7 @@ def _grid_cached(model: str, accelerator: str, catalog: Catalog, tps: tuple[int,
 
 
 def _mediator_priority(cfg: DeploymentConfig, current: DeploymentConfig | None,
-                       hints: Hints | None) -> tuple[float, list[str]]:
+                       hints: Hints | None, catalog: Catalog) -> tuple[float, list[str]]:
     """How strongly the running deployment's mediators point at this candidate, and the
     words for why."""
     score, reasons = 0.0, []
@@ -196,10 +196,20 @@ def _mediator_priority(cfg: DeploymentConfig, current: DeploymentConfig | None,
         score += 3.0
         reasons.append(f"comm-bound ({hints.comm_overhead_frac:.0%} of a step in "
                        "collectives): fewer ranks")
-    if hints.queue_util > 0.85:
+    if hints.queue_util > 0.85 and _more_capacity(cfg, current, catalog):
         score += 1.0
-        reasons.append(f"queue near saturation (ρ {hints.queue_util:.2f}): more capacity")
+        reasons.append(f"queue near saturation (ρ {hints.queue_util:.2f}): more capacity"
+                       " per replica")
     return score, reasons
+
+
+def _more_capacity(cfg: DeploymentConfig, current: DeploymentConfig, catalog: Catalog
+                   ) -> bool:
+    """More GPUs per replica, or as many of a part with more dense bf16 compute."""
+    if cfg.gpus_per_replica != current.gpus_per_replica:
+        return cfg.gpus_per_replica > current.gpus_per_replica
+    return (catalog.accelerator(cfg.accelerator).bf16_tflops
+            > catalog.accelerator(current.accelerator).bf16_tflops)
 
 
 def _mechanism_priority(mechanisms: Sequence[MechanismHint]
