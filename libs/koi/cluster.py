@@ -74,6 +74,10 @@ class JobStatus:
     output_tokens_done: float = 0.0
     # online: recent offered load (req/s) over the last tick
     observed_rate_rps: float = 0.0
+    # batch: requests finished so far, completed or failed (a failed one, e.g. too long
+    # for any cache it met, is not retried). The job is done when every request is: its
+    # output tokens are a sample, so their sum rarely lands on the spec's expected total
+    requests_done: float = 0.0
 
     @property
     def id(self) -> str:

@@ -59,9 +59,11 @@ def snapshots(draw: st.DrawFn) -> ClusterSnapshot:
     for i in range(n):
         spec = draw(job_specs(i))
         state = draw(st.sampled_from(("pending", "running", "lost", "rejected", "done")))
-        done = spec.total_output_tokens if (state == "done" and isinstance(spec, BatchJob)) else 0
+        finished = state == "done" and isinstance(spec, BatchJob)
         jobs.append(JobStatus(spec=spec, admitted=state in ("running", "lost", "done"),
-                              rejected=state == "rejected", output_tokens_done=done))
+                              rejected=state == "rejected",
+                              output_tokens_done=spec.total_output_tokens if finished else 0,
+                              requests_done=spec.num_requests if finished else 0))
         if state in ("running", "lost", "done"):
             off = draw(st.sampled_from(offerings))
             cfg = smallest_fitting_config(spec.model, CAT.offering(off).accelerator, CAT)

@@ -220,16 +220,28 @@ def test_lost_deployment_is_stopped_and_relaunched_by_the_same_rule() -> None:
 def test_finished_jobs_are_stopped() -> None:
     work, svc = batch("b", n=10), online("svc", end=600)
     deps = [deployment("d-b", work, H100_OD), deployment("d-s", svc, H100_OD)]
-    s = snap([status(work, admitted=True, output_tokens_done=work.total_output_tokens),
+    # every request finished, its sampled outputs short of the expected total
+    s = snap([status(work, admitted=True, output_tokens_done=0.9 * work.total_output_tokens,
+                     requests_done=work.num_requests),
               status(svc, admitted=True)], [(H100_OD, 8, 2)], deps, time_s=600)
     d = decide("edf-first-fit", s)
     assert sorted(a.deployment_id for a in of_kind(d, ActionKind.STOP)) == ["d-b", "d-s"]
     assert of_kind(d, ActionKind.LAUNCH) == []
 
 
+def test_batch_with_requests_left_is_not_done_at_its_token_total() -> None:
+    # the sampled outputs ran long: the expected total is reached with a request left
+    work = batch("b", n=10)
+    s = snap([status(work, admitted=True, output_tokens_done=1.1 * work.total_output_tokens,
+                     requests_done=work.num_requests - 1)],
+             [(H100_OD, 8, 1)], [deployment("d-b", work, H100_OD)], time_s=600)
+    assert of_kind(decide("edf-first-fit", s), ActionKind.STOP) == []
+
+
 def test_partly_done_batch_keeps_running() -> None:
     work = batch("b", n=10)
-    s = snap([status(work, admitted=True, output_tokens_done=work.total_output_tokens / 2)],
+    s = snap([status(work, admitted=True, output_tokens_done=work.total_output_tokens / 2,
+                     requests_done=work.num_requests / 2)],
              [(H100_OD, 8, 1)], [deployment("d-b", work, H100_OD)], time_s=600)
     assert decide("fcfs-first-fit", s).actions == ()
 

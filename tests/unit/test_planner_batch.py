@@ -79,3 +79,29 @@ def test_only_the_configured_outcomes_radius_tightens_the_plan() -> None:
 def test_an_unknown_dro_outcome_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="dro_outcomes: ttft not among"):
         KoiSettings(dro_outcomes=("ttft", "tpot_p95"))
+
+
+def test_a_batch_job_is_stopped_when_its_requests_are_done_not_its_token_total() -> None:
+    """The sampled outputs sum to a little more or less than the expected total: a job
+    with every request finished is stopped short of it (before, its replicas idled on);
+    one with requests left keeps serving past it."""
+    from koi.cluster import Deployment, DeploymentState
+    from koi.space import engine_default_config
+
+    def tick(job: JobStatus) -> list:
+        cfg = engine_default_config("llama-3.1-8b", "h100-sxm", "vllm", CAT, offering=H100,
+                                    replicas=2)
+        dep = Deployment("d-bulk", job.id, cfg, H100, DeploymentState.RUNNING, 2, 0, 0.0)
+        snap = ClusterSnapshot(10, 600.0, 60.0, 10 * 3600.0,
+                               (OfferingCapacity(H100, 8, dep.gpus),), (dep,), (job,))
+        decision, _, _ = plan_tick(snap, [], KoiState(), FAST, CAT)
+        return [a.kind for a in decision.actions if a.deployment_id == "d-bulk"]
+
+    spec = batch("bulk", submit_s=0.0, deadline_s=3600.0).spec
+    total, n = spec.total_output_tokens, spec.num_requests
+    drained = JobStatus(spec=spec, admitted=True, rejected=False,
+                        output_tokens_done=0.95 * total, requests_done=n)
+    assert tick(drained) == [ActionKind.STOP]
+    long_tail = JobStatus(spec=spec, admitted=True, rejected=False,
+                          output_tokens_done=1.02 * total, requests_done=n - 50)
+    assert ActionKind.STOP not in tick(long_tail)

@@ -256,6 +256,30 @@ def test_batch_progress_and_deadline() -> None:
     assert j.served_requests + j.queued_at_end == pytest.approx(40000)
 
 
+def test_batch_job_is_done_when_every_request_is() -> None:
+    from koi.policies.common import batch_done, batch_tokens_left
+
+    job = batch_job("bulk", 600, deadline_s=3000,
+                    output_len={"kind": "lognormal", "mean": 200, "sigma": 0.8})
+    sim = Simulator(tiny_scenario([job], {OD: 8}, horizon_s=3600), seed=0)
+    policy = FixedPolicy([OD], replicas=2)
+    seen = []
+    while not sim.done:
+        snap = sim.snapshot()
+        seen.append(snap.jobs[0])
+        sim.apply(policy.decide(snap, ()))
+        sim.advance()
+    assert not batch_done(seen[0]) and batch_tokens_left(seen[0]) > 0
+    done = [s for s in seen if batch_done(s)]
+    assert done, "the batch finished within the horizon"
+    first = done[0]
+    assert first.requests_done == pytest.approx(600) and batch_tokens_left(first) == 0
+    # the sampled outputs rarely sum to the expected total: done by requests, not tokens
+    assert first.output_tokens_done != pytest.approx(job.total_output_tokens, rel=1e-9)
+    before = [s.requests_done for s in seen]
+    assert before == sorted(before)
+
+
 def test_telemetry_renders_as_vllm_metrics() -> None:
     sc = tiny_scenario([online_job("chat", rate=5)], horizon_s=600)
     sim = Simulator(sc, seed=0)

@@ -299,7 +299,8 @@ def test_every_scenario_job_travels_exactly(name: str) -> None:
     if name == "trace-azure" and shared_data_dir() is None:
         pytest.skip("trace-azure replays traces from the shared data directory")
     jobs = tuple(JobStatus(j, admitted=True, rejected=False, output_tokens_done=0.5,
-                           observed_rate_rps=1.25) for j in load_scenario(name).jobs)
+                           observed_rate_rps=1.25, requests_done=3.0)
+                 for j in load_scenario(name).jobs)
     snapshot = ClusterSnapshot(0, 0.0, 60.0, 3600.0, (), (), jobs)
     back = decode_snapshot(encode_snapshot(snapshot))
     assert back == snapshot and same(back, snapshot)

@@ -24,7 +24,7 @@ from koi.compose import CandidateTable, JobDemand
 from koi.jobs import BatchJob, OnlineJob
 from koi.planner.evaluate import Evaluated, JobLoad
 from koi.planner.place import in_place
-from koi.policies.common import job_finished
+from koi.policies.common import batch_tokens_left, job_finished
 
 # a replica lost to a spot reclaim costs about this long before its successor serves
 RECLAIM_LOSS_H = 0.15
@@ -159,7 +159,7 @@ def job_demands(jobs: Sequence[JobStatus], loads: Mapping[str, JobLoad],
                   # the placer leaves a deferred online job serving and drains a batch one
                   "held_gpus": dict(held), "keeps_gpus_unplaced": isinstance(spec, OnlineJob)}
         if isinstance(spec, BatchJob):
-            remaining = max(spec.total_output_tokens - job.output_tokens_done, 0.0)
+            remaining = batch_tokens_left(job)
             time_left = spec.submit_s + spec.deadline_s - snapshot.time_s
             # late tokens still count as processed: finish a late job, on spare capacity
             out.append(JobDemand.batch(job.id, remaining, time_left, pace=batch_pace,

@@ -28,6 +28,7 @@ from koi.cluster import (
 from koi.jobs import BatchJob, OnlineJob
 from koi.policies.common import (
     CapacityLedger,
+    batch_tokens_left,
     housekeeping_stops,  # noqa: F401 - re-exported
     is_lost,
     job_finished,
@@ -60,7 +61,7 @@ def batch_demand_tok_s(job: JobStatus, now_s: float) -> float:
     """Output tok/s needed to finish the remaining tokens by the deadline (with headroom)."""
     spec = job.spec
     assert isinstance(spec, BatchJob)
-    left = max(spec.total_output_tokens - job.output_tokens_done, 0.0)
+    left = batch_tokens_left(job)
     window = max(spec.due_s - now_s, MIN_BATCH_WINDOW_S)
     return BATCH_HEADROOM * left / window
 

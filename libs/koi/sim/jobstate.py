@@ -111,6 +111,12 @@ class JobState:
     # --- batch feeding -------------------------------------------------------------------
 
     @property
+    def batch_requests_done(self) -> float:
+        """Batch: requests completed or dropped (a dropped batch request is not
+        retried); 0 for online jobs."""
+        return self.served + sum(self.dropped.values()) if self.is_batch else 0.0
+
+    @property
     def batch_left(self) -> float:
         spec = self.spec
         return spec.num_requests - self.issued if isinstance(spec, BatchJob) else 0.0

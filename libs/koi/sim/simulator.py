@@ -94,7 +94,7 @@ class Simulator:
     def _status(self, js: JobState) -> JobStatus:
         rate = js.arrived_tick / self.scenario.tick_s if self.tick else 0.0
         return JobStatus(js.spec, js.admitted, js.rejected, js.reason,
-                         js.tokens_processed, rate)
+                         js.tokens_processed, rate, js.batch_requests_done)
 
     def apply(self, decision: PlanDecision) -> list[ActionOutcome]:
         """Apply each action in order; refused ones come back with their reason."""

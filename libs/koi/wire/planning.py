@@ -171,7 +171,7 @@ def snapshot_to_proto(s: ClusterSnapshot) -> cluster_pb2.ClusterSnapshot:
     for j in s.jobs:
         msg.jobs.add(spec=job_to_proto(j.spec), admitted=j.admitted, rejected=j.rejected,
                      reason=j.reason, output_tokens_done=j.output_tokens_done,
-                     observed_rate_rps=j.observed_rate_rps)
+                     observed_rate_rps=j.observed_rate_rps, requests_done=j.requests_done)
     return msg
 
 
@@ -196,7 +196,8 @@ def snapshot_from_proto(msg: cluster_pb2.ClusterSnapshot, *,
         spec=_nested(f"jobs[{i}].spec", job_from_proto, _message(j, "spec", f"jobs[{i}]."),
                      catalog=catalog),
         admitted=j.admitted, rejected=j.rejected, reason=j.reason,
-        output_tokens_done=j.output_tokens_done, observed_rate_rps=j.observed_rate_rps)
+        output_tokens_done=j.output_tokens_done, observed_rate_rps=j.observed_rate_rps,
+        requests_done=j.requests_done)
         for i, j in enumerate(msg.jobs))
     return ClusterSnapshot(tick=msg.tick, time_s=msg.time_s, tick_s=msg.tick_s,
                            horizon_s=msg.horizon_s, capacity=capacity,
