@@ -280,6 +280,22 @@ def test_batch_job_is_done_when_every_request_is() -> None:
     assert before == sorted(before)
 
 
+def test_a_batch_jobs_tokens_do_not_depend_on_how_replicas_group_its_requests() -> None:
+    # an H100 and an L40S replica cut the backlog into groups of different sizes; the
+    # requests, and so the tokens they sum to, are the job's own
+    job = batch_job("bulk", 400, deadline_s=7200,
+                    output_len={"kind": "lognormal", "mean": 200, "sigma": 0.8})
+    l40s = "aws/us-east-1/l40s/on_demand"
+    served = []
+    for offering in (OD, l40s):
+        rec = run(tiny_scenario([job], {offering: 8}, horizon_s=7200),
+                  FixedPolicy([offering]), seed=5)
+        (j,) = rec.jobs
+        assert j.served_requests == pytest.approx(400)
+        served.append(j.served_output_tokens)
+    assert served[0] == pytest.approx(served[1], rel=2e-3)
+
+
 def test_telemetry_renders_as_vllm_metrics() -> None:
     sc = tiny_scenario([online_job("chat", rate=5)], horizon_s=600)
     sim = Simulator(sc, seed=0)

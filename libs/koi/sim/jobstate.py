@@ -134,8 +134,9 @@ class JobState:
                 left = spec.num_requests - self.issued
                 if left <= 1e-9:
                     return
-                inp, out = self._next_lens()
+                inp, out = self._peek_lens()
                 w = min(self._group(rep, inp, out), left)
+                inp, out = self._take_lens(w)
                 self.issued += w
                 r = Req(self.idx, rep.now, inp, out, w, 0.0)
             rep.enqueue(r)
@@ -147,15 +148,36 @@ class JobState:
         by_kv = rep.s.kv_cap / BATCH_GROUPS / (inp + out)
         return float(max(1, int(min(by_seqs, by_kv))))
 
-    def _next_lens(self) -> tuple[int, int]:
+    def _peek_lens(self) -> tuple[int, int]:
+        """The next request's (input, output) lengths, not consumed."""
+        self._refill()
+        assert self._lens is not None
+        return int(self._lens[0][self._li]), int(self._lens[1][self._li])
+
+    def _take_lens(self, w: float) -> tuple[int, int]:
+        """A group of ``w`` requests: the mean (input, output) lengths of the next ``w``
+        draws, consumed. The group stands for those requests, so a job's requests sum to
+        the same tokens however its replicas cut them into groups (one draw × ``w``, as
+        before, made the realised total depend on the group sizes — on the policy)."""
+        n = max(int(round(w)), 1)
+        ins, outs = 0, 0
+        while n > 0:
+            self._refill()
+            assert self._lens is not None
+            take = min(n, self._lens[0].size - self._li)
+            ins += int(self._lens[0][self._li:self._li + take].sum())
+            outs += int(self._lens[1][self._li:self._li + take].sum())
+            self._li += take
+            n -= take
+        k = max(int(round(w)), 1)
+        return max(round(ins / k), 1), max(round(outs / k), 1)
+
+    def _refill(self) -> None:
         spec = self.spec
         if self._lens is None or self._li >= self._lens[0].size:
             self._lens = (spec.input_len.sample(self.rng, 1024),
                           spec.output_len.sample(self.rng, 1024))
             self._li = 0
-        i = self._li
-        self._li += 1
-        return int(self._lens[0][i]), int(self._lens[1][i])
 
     # --- the record ----------------------------------------------------------------------
 
