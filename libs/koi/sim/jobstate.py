@@ -159,7 +159,7 @@ class JobState:
         draws, consumed. The group stands for those requests, so a job's requests sum to
         the same tokens however its replicas cut them into groups (one draw × ``w``, as
         before, made the realised total depend on the group sizes — on the policy)."""
-        n = max(int(round(w)), 1)
+        k = n = max(round(w), 1)
         ins, outs = 0, 0
         while n > 0:
             self._refill()
@@ -169,7 +169,6 @@ class JobState:
             outs += int(self._lens[1][self._li:self._li + take].sum())
             self._li += take
             n -= take
-        k = max(int(round(w)), 1)
         return max(round(ins / k), 1), max(round(outs / k), 1)
 
     def _refill(self) -> None:
