@@ -160,3 +160,48 @@ def test_a_saturated_queue_promotes_only_more_capacity_per_replica(cat) -> None:
         same_but_faster = p.config.gpus_per_replica == current.gpus_per_replica and \
             cat.accelerator(p.config.accelerator).bf16_tflops > l40s
         assert more_gpus or same_but_faster
+
+
+def test_a_batch_candidate_takes_the_throughput_belief_of_its_saturated_regime(cat) -> None:
+    """Learning files a saturated replica's throughput error under the edge its mediators
+    pick (above the KV cliff: kv_pressure → throughput); the evaluator predicts a batch
+    candidate saturated and looks its correction up in that regime, not the base one."""
+    from dataclasses import fields
+
+    from koi.calibrate import DroCalibrator
+    from koi.causal import BeliefStore, OutcomeObservation, attribute, scope_of
+    from koi.cluster import ClusterSnapshot, JobStatus, OfferingCapacity
+    from koi.jobs import parse_job
+    from koi.planner.tick import KoiSettings, evaluate_stage
+    from koi.predictor.api import predict_many
+    from koi.predictor.types import LoadMode, Workload
+
+    cfg = engine_default_config("llama-3.1-70b", "h100-sxm", "vllm", cat, tp=2)
+    pred = predict_many([(cfg, Workload(input_len=1000, output_len=400,
+                                        mode=LoadMode.SATURATED, load=0.0))],
+                        catalog=cat, backend="numpy")[0]
+    predicted = {f.name: float(getattr(pred, f.name)) for f in fields(pred)
+                 if isinstance(getattr(pred, f.name), float)}
+    obs = OutcomeObservation("d1", "bulk", 1, scope_of(cfg, cat), predicted,
+                             {"output_tok_s": 0.6 * pred.output_throughput_tok_s},
+                             weight=5000.0)
+    assert attribute("throughput", obs.mediators()) == ("kv_pressure", "throughput")
+    store = BeliefStore()
+    for tick in range(1, 9):
+        store = store.update([obs], tick)
+    assert store.correction(obs.scope)["throughput"] == pytest.approx(1.0)  # base regime
+    learnt = store.correction(obs.scope, obs.mediators())["throughput"]
+    assert learnt < 0.75
+
+    spec = parse_job({"kind": "batch", "id": "bulk", "model": "llama-3.1-70b",
+                      "num_requests": 10_000, "input_len": 1000, "output_len": 400,
+                      "deadline_s": 7200})
+    snap = ClusterSnapshot(9, 540.0, 60.0, 7200.0,
+                           (OfferingCapacity("aws/us-east-1/h100-sxm/on_demand", 8, 0),),
+                           (), (JobStatus(spec, admitted=True, rejected=False),))
+    proposal = propose("bulk", "llama-3.1-70b", ["h100-sxm"], cat, current=cfg)[0]
+    assert proposal.config == cfg
+    fast = KoiSettings(backend="numpy", use_dro=False)
+    before = evaluate_stage([proposal], snap, BeliefStore(), DroCalibrator(), fast, cat)
+    after = evaluate_stage([proposal], snap, store, DroCalibrator(), fast, cat)
+    assert after.goodput_tok_s[0] == pytest.approx(learnt * before.goodput_tok_s[0])

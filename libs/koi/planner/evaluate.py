@@ -7,6 +7,12 @@ case inside the DRO radius*. Robustness enters the kernel as tightened SLOs: an 
 S with a learned correction m (the causal beliefs' multiplier for that scope) and a
 radius r is met robustly when the nominal prediction meets S / (m·e^r).
 
+A batch job's replicas run saturated, so its candidates are predicted saturated, and
+their throughput correction is the belief of the regime that prediction puts them in
+(``robustness(proposal, mediators)``): learning files a saturated replica's throughput
+error under the edge its mediators pick (above the KV cliff, kv_pressure → throughput),
+and a correction looked up in the base regime would never see it.
+
 Outputs are per replica, structure-of-arrays, ready for the composer. No composition,
 no placement, no I/O.
 """
@@ -74,8 +80,8 @@ class Evaluated:
     nominal_max_rate_rps: np.ndarray
     goodput_tok_s: np.ndarray       # robust SLO-meeting output tok/s per replica
     # robust p95s and nominal mediators with the job's whole rate on one replica (batch:
-    # a light probe load): how hard a single replica would be pushed, not the plan's
-    # per-replica load (the composer plans at most ``max_rate_rps`` per replica)
+    # saturated): how hard a single replica would be pushed, not the plan's per-replica
+    # load (the composer plans at most ``max_rate_rps`` per replica)
     ttft_p95_ms: np.ndarray
     tpot_p95_ms: np.ndarray
     kv_pressure: np.ndarray
@@ -107,8 +113,13 @@ def _effective_slo(slo_ms: float, mult: float, radius: float) -> float:
 Kernel = Callable[[np.ndarray], np.ndarray]
 
 
+# robustness(proposal) in the base regime, or robustness(proposal, mediators) in the
+# regime the candidate's predicted mediators (graph names) put it in
+RobustnessFn = Callable[..., Robustness]
+
+
 def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
-             robustness: Callable[[Proposal], Robustness] | None = None,
+             robustness: RobustnessFn | None = None,
              catalog: Catalog | None = None, calibration: Calibration | None = None,
              backend: str = "numba", kernel: Kernel | None = None) -> Evaluated:
     """Predict and robustly score every proposal (one kernel call; ``kernel`` replaces
@@ -119,11 +130,12 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
     pairs = []
     for p, r in zip(proposals, rob, strict=True):
         load = loads[p.job_id]
-        # where the job's load would put one replica (batch: a light probe load)
-        rate = load.rate_rps if not load.batch and load.rate_rps > 0 else 0.1
+        # where the job's load would put one replica: online at its rate, batch saturated
+        mode, rate = ((LoadMode.SATURATED, 0.0) if load.batch else
+                      (LoadMode.RATE, load.rate_rps if load.rate_rps > 0 else 0.1))
         pairs.append((p.config, Workload(
             input_len=max(load.input_len, 1.0), output_len=max(load.output_len, 1.0),
-            mode=LoadMode.RATE, load=rate,
+            mode=mode, load=rate,
             slo_ttft_ms=_effective_slo(load.slo_ttft_ms, r.ttft_mult, r.radius_ttft),
             slo_tpot_ms=_effective_slo(load.slo_tpot_ms, r.tpot_mult, r.radius_tpot))))
     if not pairs:
@@ -131,6 +143,14 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
         return Evaluated((), *(empty,) * 9, np.zeros(0, dtype=bool))
     run = kernel or (lambda X: evaluate_matrix(X, backend=backend))
     Y = run(build_inputs(pairs, cat, cal))
+    if robustness is not None:
+        # batch: no SLO to tighten, so the regime's throughput correction can come after
+        for i, p in enumerate(proposals):
+            if loads[p.job_id].batch:
+                rob[i] = robustness(p, {
+                    "kv_pressure": float(Y[OUT["kv_pressure"], i]),
+                    "comm_overhead": float(Y[OUT["comm_frac"], i]),
+                    "queue_util": float(Y[OUT["queue_util"], i])})
     ev = _score(tuple(proposals), pairs, rob, loads, Y)
     # jobs no candidate serves robustly: also the nominal answer, for best-effort service
     lost = {p.job_id for p in proposals} - {p.job_id for p, ok in

@@ -29,7 +29,13 @@ import numpy as np
 
 from koi.calibrate import OUTCOMES, DroCalibrator
 from koi.catalog import Catalog
-from koi.causal.observe import OutcomeObservation, log_residuals, observation_from_telemetry
+from koi.causal.graph import LEARNT_OUTCOMES
+from koi.causal.observe import (
+    OutcomeObservation,
+    attribute,
+    log_residuals,
+    observation_from_telemetry,
+)
 from koi.causal.scope import Scope, scope_of
 from koi.causal.store import BeliefStore
 from koi.cluster import (
@@ -410,11 +416,15 @@ def _robustness(beliefs: BeliefStore, calibrator: DroCalibrator, settings: KoiSe
              if o in settings.dro_outcomes}
     cache: dict = {}
 
-    def robustness(p) -> Robustness:
-        key = p.config
+    def robustness(p, mediators: Mapping[str, float] | None = None) -> Robustness:
+        """In the base regime, or in the one ``mediators`` (graph names) put ``p`` in."""
+        regime = None if mediators is None else \
+            tuple(attribute(o, mediators, beliefs.regimes) for o in LEARNT_OUTCOMES)
+        key = (p.config, regime)
         if key not in cache:
             # the SLOs are p95s: their multipliers carry the scope's tail factor
-            mult = beliefs.correction(scope_of(p.config, catalog)) if settings.use_beliefs \
+            mult = beliefs.correction(scope_of(p.config, catalog), mediators) \
+                if settings.use_beliefs \
                 else {"ttft_p95": 1.0, "tpot_p95": 1.0, "throughput": 1.0}
             cache[key] = Robustness(ttft_mult=mult["ttft_p95"], tpot_mult=mult["tpot_p95"],
                                     tput_mult=mult["throughput"],
