@@ -93,6 +93,12 @@ class Evaluated:
     def __len__(self) -> int:
         return len(self.proposals)
 
+    def mediators(self, i: int) -> dict[str, float]:
+        """Proposal ``i``'s nominal mediators by graph name (the regime they put it in
+        picks its belief corrections)."""
+        return graph_mediators(self.kv_pressure[i], self.comm_overhead_frac[i],
+                               self.queue_util[i])
+
     @staticmethod
     def concat(parts: Sequence[Evaluated]) -> Evaluated:
         """Shards evaluated separately, as one (in the order given)."""
@@ -102,6 +108,13 @@ class Evaluated:
         arrays = {f.name: np.concatenate([getattr(p, f.name) for p in parts])
                   for f in fields(Evaluated) if f.name != "proposals"}
         return Evaluated(proposals=tuple(x for p in parts for x in p.proposals), **arrays)
+
+
+def graph_mediators(kv_pressure: float, comm_overhead_frac: float,
+                    queue_util: float) -> dict[str, float]:
+    """Predicted mediators under the causal graph's names (``BeliefStore.correction``)."""
+    return {"kv_pressure": float(kv_pressure), "comm_overhead": float(comm_overhead_frac),
+            "queue_util": float(queue_util)}
 
 
 def _effective_slo(slo_ms: float, mult: float, radius: float) -> float:
@@ -147,10 +160,9 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
         # batch: no SLO to tighten, so the regime's throughput correction can come after
         for i, p in enumerate(proposals):
             if loads[p.job_id].batch:
-                rob[i] = robustness(p, {
-                    "kv_pressure": float(Y[OUT["kv_pressure"], i]),
-                    "comm_overhead": float(Y[OUT["comm_frac"], i]),
-                    "queue_util": float(Y[OUT["queue_util"], i])})
+                rob[i] = robustness(p, graph_mediators(Y[OUT["kv_pressure"], i],
+                                                       Y[OUT["comm_frac"], i],
+                                                       Y[OUT["queue_util"], i]))
     ev = _score(tuple(proposals), pairs, rob, loads, Y)
     # jobs no candidate serves robustly: also the nominal answer, for best-effort service
     lost = {p.job_id for p in proposals} - {p.job_id for p, ok in

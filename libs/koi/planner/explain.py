@@ -94,9 +94,7 @@ def explain_choices(plan: ComposePlan, ev: Evaluated, beliefs: BeliefStore,
         p = ev.proposals[i]
         scope = scope_of(p.config, catalog)
         # a batch candidate's corrections are those of its saturated regime (evaluate)
-        regime = {"kv_pressure": float(ev.kv_pressure[i]),
-                  "comm_overhead": float(ev.comm_overhead_frac[i]),
-                  "queue_util": float(ev.queue_util[i])} if loads[c.job_id].batch else None
+        regime = ev.mediators(i) if loads[c.job_id].batch else None
         mult = beliefs.correction(scope, regime) if use_beliefs else {}
         rate, ttft, tpot = at_plan.get(c.job_id, (0.0, 0.0, 0.0))
         mechs = beliefs.applicable_mechanisms([scope]) if use_beliefs else ()
