@@ -44,6 +44,14 @@ FORMAT = "koi.calibrate/2"
 FORMATS_READ = ("koi.calibrate/1", FORMAT)  # /1: no observation window
 OUTCOMES: tuple[str, ...] = ("ttft", "ttft_p95", "tpot", "tpot_p95", "throughput")
 HIGHER_BETTER = frozenset({"throughput"})
+# the SLO outcomes (p95 targets) and the observed (mean, p95) that give a tick's spread
+SLO_OUTCOMES: dict[str, tuple[str, str]] = {"ttft_p95": ("ttft_ms", "ttft_p95_ms"),
+                                            "tpot_p95": ("tpot_ms", "tpot_p95_ms")}
+Z95 = 1.6448536269514722      # the standard normal's 95th percentile
+MIN_SPREAD = 0.05             # log-σ floor: a tick whose p95 is at its mean is not exact
+# a job's own SLO risk is shrunk towards the pooled one as if the pool were this many of
+# its observations (``DroCalibrator.slo_risk``)
+POOL_WEIGHT = 8.0
 
 
 def adverse(outcome: str, residual: float) -> float:
@@ -62,6 +70,24 @@ def conformal_radius(scores: Iterable[float], coverage: float,
     if k > n:
         return max(prior_radius, a[-1]) if a else prior_radius
     return a[k - 1]
+
+
+def tail_spread(mean: float, p95: float) -> float:
+    """Log-σ of the lognormal with this mean and p95 (log(p95 / mean) = z·σ − σ²/2, the
+    smaller root), floored at ``MIN_SPREAD``; NaN when either is missing. A p95 more than
+    e^(z²/2) ≈ 3.9× the mean is heavier-tailed than any lognormal: σ is capped at z."""
+    if not (mean > 0 and p95 > 0 and math.isfinite(mean) and math.isfinite(p95)):
+        return math.nan
+    ell = min(max(math.log(p95 / mean), 0.0), Z95 * Z95 / 2)
+    return max(Z95 - math.sqrt(Z95 * Z95 - 2 * ell), MIN_SPREAD)
+
+
+def miss_share(residual: float, spread: float, radius: float) -> float:
+    """Expected share of requests over an SLO planned at ``radius`` above the corrected
+    p95 prediction, for a tick whose p95 came out ``residual`` (log) above that
+    prediction with log-spread ``spread``: the lognormal tail above SLO = p95_obs ·
+    e^(radius − residual), i.e. 1 − Φ(z + (radius − residual) / σ)."""
+    return 0.5 * math.erfc((Z95 + (radius - residual) / spread) / math.sqrt(2.0))
 
 
 def widen(prediction: Prediction, radii: Mapping[str, float]) -> Prediction:
@@ -94,6 +120,12 @@ class DroCalibrator:
     version: int = 0
     residuals: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     hits: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # 1 = was covered
+    # per SLO outcome, aligned with its residuals: each tick's observed log-spread
+    # (``tail_spread``; NaN when its mean was not measured). Only re-scored windows have
+    # them (the observations are needed); without them SLO risk is unknown
+    spreads: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    # per SLO outcome, aligned with its residuals: the job each came from
+    jobs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # the last ``window`` observations, oldest first, when residuals are re-scored
     observations: tuple[OutcomeObservation, ...] = ()
 
@@ -112,6 +144,47 @@ class DroCalibrator:
 
     def radii(self) -> dict[str, float]:
         return {o: self.radius(o) for o in self.outcomes}
+
+    def radius_at(self, outcome: str, coverage: float, job: str | None = None) -> float:
+        """The radius ``outcome`` would have at another coverage target; with ``job``,
+        on that job's own residuals when it has enough of them for the rank (else on
+        all)."""
+        own = self._own(outcome, job)
+        if own:
+            scores = [max(adverse(outcome, r), 0.0) for r, _ in own]
+            if math.ceil(round((len(scores) + 1) * coverage, 9)) <= len(scores):
+                return conformal_radius(scores, coverage, self.prior_radius)
+        return replace(self, coverage=coverage).radius(outcome)
+
+    def slo_risk(self, outcome: str, radius: float, job: str | None = None) -> float | None:
+        """Expected share of requests missing ``outcome``'s SLO (a p95 target) when a
+        replica is planned so that its corrected p95 prediction × e^radius meets it:
+        ``miss_share`` averaged over the window (None without spreads). With ``job``,
+        that job's own ticks, shrunk towards all of them: (n·own + k·pooled) / (n + k),
+        k = ``POOL_WEIGHT`` (a job's traffic shapes its tail beyond its scope's)."""
+        pooled = self._pairs(outcome)
+        if not pooled:
+            return None
+        risk = sum(miss_share(r, s, radius) for r, s in pooled) / len(pooled)
+        own = self._own(outcome, job)
+        if own:
+            mine = sum(miss_share(r, s, radius) for r, s in own)
+            risk = (mine + POOL_WEIGHT * risk) / (len(own) + POOL_WEIGHT)
+        return risk
+
+    def _pairs(self, outcome: str, job: str | None = None) -> list[tuple[float, float]]:
+        """(residual, spread) of ``outcome``'s window (only ``job``'s ticks if given)."""
+        res, spread = self.residuals.get(outcome, ()), self.spreads.get(outcome, ())
+        if len(res) != len(spread):
+            return []
+        jobs = self.jobs.get(outcome, ())
+        if job is not None and len(jobs) != len(res):
+            return []
+        return [(r, s) for k, (r, s) in enumerate(zip(res, spread, strict=True))
+                if math.isfinite(s) and (job is None or jobs[k] == job)]
+
+    def _own(self, outcome: str, job: str | None) -> list[tuple[float, float]]:
+        return self._pairs(outcome, job) if job is not None else []
 
     def update(self, batch: Iterable[Mapping[str, float]], tick: int, *,
                observations: Sequence[OutcomeObservation] = (),
@@ -138,16 +211,27 @@ class DroCalibrator:
                 hits[o].append(int(adverse(o, r) <= before[o]))
                 res[o].append(float(r))
         window = self.observations
+        spreads: dict[str, list[float]] = {}
+        jobs: dict[str, list[str]] = {}
         if rescore is not None:
             window = (*window, *observations)[-self.window:]
             res = {o: [] for o in self.outcomes}
+            spreads = {o: [] for o in SLO_OUTCOMES if o in self.outcomes}
+            jobs = {o: [] for o in spreads}
             for obs in window:
                 for o, r in rescore(obs).items():
                     if o in res and math.isfinite(r):
                         res[o].append(float(r))
+                        if o in spreads:
+                            mean, p95 = SLO_OUTCOMES[o]
+                            spreads[o].append(tail_spread(obs.observed.get(mean, math.nan),
+                                                          obs.observed.get(p95, math.nan)))
+                            jobs[o].append(obs.job_id)
         return replace(self, tick=tick, version=self.version + 1, observations=window,
                        residuals={o: tuple(v[-self.window:]) for o, v in res.items() if v},
-                       hits={o: tuple(v[-self.window:]) for o, v in hits.items() if v})
+                       hits={o: tuple(v[-self.window:]) for o, v in hits.items() if v},
+                       spreads={o: tuple(v) for o, v in spreads.items() if v},
+                       jobs={o: tuple(v) for o, v in jobs.items() if v})
 
     def realised_coverage(self, outcome: str) -> float:
         """Share of the last ``window`` residuals that fell inside the radius in force
@@ -178,6 +262,9 @@ class DroCalibrator:
                                "version": self.version,
                                "residuals": {k: list(v) for k, v in self.residuals.items()},
                                "hits": {k: list(v) for k, v in self.hits.items()},
+                               "spreads": {k: [None if math.isnan(x) else x for x in v]
+                                           for k, v in self.spreads.items()},
+                               "jobs": {k: list(v) for k, v in self.jobs.items()},
                                "observations": [_obs_doc(o) for o in self.observations]}
         return zlib.compress(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode(), 1)
 
@@ -192,6 +279,9 @@ class DroCalibrator:
             outcomes=tuple(doc["outcomes"]), tick=doc["tick"], version=doc["version"],
             residuals={k: tuple(v) for k, v in doc["residuals"].items()},
             hits={k: tuple(v) for k, v in doc["hits"].items()},
+            spreads={k: tuple(math.nan if x is None else x for x in v)
+                     for k, v in doc.get("spreads", {}).items()},
+            jobs={k: tuple(v) for k, v in doc.get("jobs", {}).items()},
             observations=tuple(_obs_from_doc(d) for d in doc.get("observations", ())))
 
 

@@ -5,11 +5,20 @@ from __future__ import annotations
 import json
 import math
 import zlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from koi.calibrate import DroCalibrator, conformal_radius
+from koi.calibrate import (
+    MIN_SPREAD,
+    POOL_WEIGHT,
+    Z95,
+    DroCalibrator,
+    conformal_radius,
+    miss_share,
+    tail_spread,
+)
 from koi.causal.observe import OutcomeObservation, log_residuals
 from koi.causal.scope import Scope
 
@@ -151,3 +160,79 @@ def test_a_calibrator_saved_before_observation_windows_still_loads() -> None:
     assert cal.radius("tpot") == 0.3  # the 2nd smallest of 2 at q = 0.5
     with pytest.raises(ValueError, match=r"not a koi\.calibrate"):
         DroCalibrator.from_bytes(zlib.compress(json.dumps({**doc, "format": "x"}).encode()))
+
+
+def test_tail_spread_inverts_a_lognormal_mean_and_p95() -> None:
+    for sigma in (0.1, 0.4, 0.9):
+        mu = 2.0
+        mean, p95 = math.exp(mu + sigma ** 2 / 2), math.exp(mu + Z95 * sigma)
+        assert tail_spread(mean, p95) == pytest.approx(sigma, rel=1e-9)
+    assert tail_spread(10.0, 10.0) == MIN_SPREAD          # no visible tail: the floor
+    assert tail_spread(1.0, 100.0) == pytest.approx(Z95)  # heavier than any lognormal
+    assert math.isnan(tail_spread(0.0, 5.0))
+
+
+def test_miss_share_is_five_percent_when_the_margin_equals_the_error() -> None:
+    # a tick whose p95 came out 0.3 above its prediction: planned 0.3 above, its p95
+    # lands on the SLO and 5 % of requests miss it; more margin, fewer; less, more
+    assert miss_share(0.3, 0.5, 0.3) == pytest.approx(0.05, abs=1e-9)
+    assert miss_share(0.3, 0.5, 0.6) < 0.05 < miss_share(0.3, 0.5, 0.0)
+    # monte carlo: lognormal requests whose p95 sits e^0.2 above the SLO
+    rng = np.random.default_rng(0)
+    sigma, mu = 0.4, 0.0
+    lat = np.exp(rng.normal(mu, sigma, 200_000))
+    slo = math.exp(mu + Z95 * sigma - 0.2)
+    assert miss_share(0.2, sigma, 0.0) == pytest.approx(float(np.mean(lat > slo)), abs=0.003)
+
+
+def spread_obs(tick: int, p95_ms: float, i: int = 0) -> OutcomeObservation:
+    """TTFT and TPOT p95 predicted at 100 / 20 ms; observed p95 with mean p95 / 1.5."""
+    return OutcomeObservation(
+        deployment_id=f"d{i}", job_id="j", tick=tick, scope=Scope(accelerator="h100"),
+        predicted={"ttft_p95_ms": 100.0, "tpot_p95_ms": 20.0},
+        observed={"ttft_ms": p95_ms / 1.5, "ttft_p95_ms": p95_ms, "tpot_ms": 10.0,
+                  "tpot_p95_ms": 20.0}, weight=10.0)
+
+
+def test_slo_risk_falls_with_the_margin_and_needs_spreads() -> None:
+    obs = [spread_obs(0, 100.0 * math.exp(e), i) for i, e in enumerate((-0.2, 0.0, 0.4))]
+    res = [log_residuals(o) for o in obs]
+    cal = DroCalibrator(coverage=0.5).update(res, 0, observations=obs, rescore=log_residuals)
+    sigma = tail_spread(1.0, 1.5)
+    assert cal.spreads["ttft_p95"] == pytest.approx((sigma,) * 3)
+    risks = [cal.slo_risk("ttft_p95", r) for r in (0.0, 0.2, 0.5, 1.0)]
+    assert risks == sorted(risks, reverse=True) and risks[-1] < 0.01 < risks[0]
+    assert risks[0] == pytest.approx(np.mean([miss_share(e, sigma, 0.0)
+                                              for e in (-0.2, 0.0, 0.4)]))
+    # TPOT came out exactly as predicted on every tick: 5 % at margin 0
+    assert cal.slo_risk("tpot_p95", 0.0) == pytest.approx(0.05, abs=1e-6)
+    assert DroCalibrator.from_bytes(cal.to_bytes()) == cal
+    # residuals alone (no observations to read spreads from): the risk is unknown
+    assert DroCalibrator().update(res, 0).slo_risk("ttft_p95", 0.0) is None
+    # a calibrator's other coverage targets: the radius it would have there
+    assert cal.radius_at("ttft_p95", 0.95) == pytest.approx(0.5)  # rank > n: the prior
+    assert cal.radius_at("ttft_p95", 0.5) == cal.radius("ttft_p95")
+
+
+def test_a_jobs_own_ticks_set_its_risk_shrunk_towards_everyones() -> None:
+    # "calm" came out as predicted on 30 ticks, "bursty" 0.5 above on 10
+    calm = [spread_obs(0, 100.0, i) for i in range(30)]
+    bursty = [replace(spread_obs(0, 100.0 * math.exp(0.5), 100 + i), job_id="bursty")
+              for i in range(10)]
+    obs = [replace(o, job_id="calm") for o in calm] + bursty
+    cal = DroCalibrator(coverage=0.5).update([log_residuals(o) for o in obs], 0,
+                                             observations=obs, rescore=log_residuals)
+    pooled = cal.slo_risk("ttft_p95", 0.0)
+    mine = cal.slo_risk("ttft_p95", 0.0, job="bursty")
+    calm_risk = cal.slo_risk("ttft_p95", 0.0, job="calm")
+    sigma = tail_spread(1.0, 1.5)
+    own = miss_share(0.5, sigma, 0.0)
+    assert mine == pytest.approx((10 * own + POOL_WEIGHT * pooled) / (10 + POOL_WEIGHT))
+    assert calm_risk < pooled < mine < own
+    assert cal.slo_risk("ttft_p95", 0.0, job="new") == pytest.approx(pooled)  # no ticks
+    # its margins: at 0.8 coverage its own residuals (rank 9 of 10) say 0.5, everyone's 0.5
+    # only for the top fifth; at 0.95 it has too few for the rank: everyone's
+    assert cal.radius_at("ttft_p95", 0.8, job="bursty") == pytest.approx(0.5)
+    assert cal.radius_at("ttft_p95", 0.8, job="calm") == pytest.approx(0.0)
+    assert cal.radius_at("ttft_p95", 0.95, job="bursty") == cal.radius_at("ttft_p95", 0.95)
+    assert DroCalibrator.from_bytes(cal.to_bytes()) == cal
