@@ -98,7 +98,17 @@ def test_mechanisms_move_candidates_and_are_cited(cat) -> None:
                     limits=ProposerLimits(max_per_job=100_000))
     l4 = [p for p in props if p.config.accelerator == "l4"]
     assert l4 and all("m1" in p.mechanism_ids and p.priority < 0 for p in l4)
-    assert props[-1].config.accelerator == "l4"  # demoted to the end
+    # demoted within its part, never out of a capped set: every part stays in
+    tp1 = MechanismHint(id="m2", accelerator="l4", tp=1, effect=1.6, text="TTFT ×1.6")
+    props = propose("j", "llama-3.1-8b", ACCELS, cat, mechanisms=[tp1],
+                    limits=ProposerLimits(max_per_job=100_000))
+    l4 = [p for p in props if p.config.accelerator == "l4"]
+    demoted = [i for i, p in enumerate(l4) if p.priority < 0]
+    assert demoted and all(l4[i].config.tp == 1 for i in demoted)
+    assert demoted == list(range(len(l4) - len(demoted), len(l4)))  # last of the part's
+    capped = propose("j", "llama-3.1-8b", ACCELS, cat, mechanisms=[bad],
+                     limits=ProposerLimits(max_per_job=25))
+    assert {p.config.accelerator for p in capped} == set(ACCELS)
 
 
 def test_robustness_tightens_and_never_loosens(cat) -> None:

@@ -127,15 +127,18 @@ def propose(job_id: str, model: str, accelerators: Iterable[str], catalog: Catal
 
 
 def _interleave(items: list[tuple[Proposal, tuple]]) -> list[Proposal]:
-    """Best-first; among equal priorities, take accelerators in turn so that a cap on the
-    set keeps every part of the fleet represented. ``items``: (proposal, its config's
-    ``_tiebreak`` key) pairs."""
+    """Best-first, and every part of the fleet represented under a cap: promoted
+    candidates (priority > 0) first; then the accelerators in turn, each part's own
+    candidates best-first — a mechanism that demotes a part's candidates moves them down
+    that part's list, never out of the capped set (the evaluator prices what the beliefs
+    learnt; dropping a part would leave a job nowhere to go when the rest cannot serve
+    it). ``items``: (proposal, its config's ``_tiebreak`` key) pairs."""
     by_accel: dict[str, list[Proposal]] = {}
     for p, _ in sorted(items, key=lambda item: (-item[0].priority, item[1])):
         by_accel.setdefault(p.config.accelerator, []).append(p)
     rank = {id(p): i for group in by_accel.values() for i, p in enumerate(group)}
     return sorted((p for p, _ in items),
-                  key=lambda p: (-p.priority, rank[id(p)], p.config.accelerator))
+                  key=lambda p: (-max(p.priority, 0.0), rank[id(p)], p.config.accelerator))
 
 
 def _tiebreak(cfg: DeploymentConfig) -> tuple:
