@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
 from koi import subjects
 from koi.planner.evaluate import Evaluated
+from koi.planner.propose import Proposal
 from koi.planner.tick import compose_stage, evaluate_stage, explain_stage
 from koi.policies.koi import settings_for
 from koi.v1 import work_pb2
@@ -30,7 +32,8 @@ from services.runtime.work import serve_work, share
 NAME = "evaluator"
 KEY_CACHE_STATS = "evaluator-cache"
 ARRAYS = ("max_rate_rps", "nominal_max_rate_rps", "goodput_tok_s", "ttft_p95_ms",
-          "tpot_p95_ms", "kv_pressure", "comm_overhead_frac", "queue_util", "gpus")
+          "tpot_p95_ms", "kv_pressure", "comm_overhead_frac", "queue_util", "gpus",
+          "radius_ttft", "radius_tpot", "slo_risk")
 
 
 def job_slices(job_ids: list[str], size: int) -> list[tuple[int, int]]:
@@ -44,10 +47,17 @@ def job_slices(job_ids: list[str], size: int) -> list[tuple[int, int]]:
     return out
 
 
-def to_slice(tick: int, start: int, end: int, ev: Evaluated, hits: int = 0, misses: int = 0,
-             skipped: int = 0) -> bytes:
+def to_slice(tick: int, start: int, end: int, ev: Evaluated, candidates: Sequence[Proposal],
+             hits: int = 0, misses: int = 0, skipped: int = 0) -> bytes:
+    """``ev``, the scores of ``candidates`` (the slice ``start:end``), as a message; each
+    row names its candidate by index into the slice (a candidate may have several rows,
+    one per margin)."""
     msg = work_pb2.EvaluatedSlice(tick=tick, start=start, end=end, cache_hits=hits,
                                   cache_misses=misses, cache_skipped=skipped)
+    index: dict[Proposal, int] = {}
+    for k, p in enumerate(candidates):
+        index.setdefault(p, k)
+    msg.candidate.extend(index[p] for p in ev.proposals)
     for name in ARRAYS:
         getattr(msg, name).extend(getattr(ev, name).tolist())
     msg.slo_feasible.extend(bool(x) for x in ev.slo_feasible)
@@ -56,7 +66,8 @@ def to_slice(tick: int, start: int, end: int, ev: Evaluated, hits: int = 0, miss
 
 def from_slice(msg: work_pb2.EvaluatedSlice, proposals) -> Evaluated:
     arrays = {name: np.array(getattr(msg, name), dtype=float) for name in ARRAYS}
-    return Evaluated(proposals=tuple(proposals[msg.start:msg.end]), **arrays,
+    return Evaluated(proposals=tuple(proposals[msg.start + k] for k in msg.candidate),
+                     **arrays,
                      slo_feasible=np.array(msg.slo_feasible, dtype=bool))
 
 
@@ -74,7 +85,8 @@ async def run(ctx: ServiceContext) -> None:
         h0, m0, s0 = kernel.hits, kernel.misses, kernel.skipped
         ev = evaluate_stage(proposals[item.start:item.end], snapshot, beliefs, calibrator,
                             settings, ctx.catalog, kernel=kernel)
-        return to_slice(item.tick, item.start, item.end, ev, kernel.hits - h0,
+        return to_slice(item.tick, item.start, item.end, ev,
+                        proposals[item.start:item.end], kernel.hits - h0,
                         kernel.misses - m0, kernel.skipped - s0)
 
     async def handle(subject: str, data: bytes, headers: dict | None) -> None:

@@ -324,3 +324,27 @@ def test_staying_in_place_needs_no_free_gpus_and_scaling_up_needs_only_the_diffe
 def test_held_gpus_must_not_be_negative():
     with pytest.raises(InvalidSpecError, match="held_gpus"):
         online("a", 100, held_gpus={H100: -1})
+
+
+def test_a_candidate_buys_margin_where_capacity_is_spare_and_not_where_it_is_short():
+    """One configuration at two margins (the evaluator's risk levels): tight (1000 tok/s
+    a replica, 10 % of requests expected to miss an SLO) and wide (600 tok/s, 1 %). The
+    composer pays for the margin while GPUs are free, and gives it up to fit a second job
+    when they are not."""
+    from koi.catalog import load_catalog
+    from koi.space import engine_default_config
+
+    cfg = engine_default_config("llama-3.1-8b", "h100-sxm", "vllm", load_catalog())
+    cfg = cfg.with_(offering=H100)
+
+    def levels(job: str) -> list[ScoredCandidate]:
+        return [cand(job, f"{job}-tight", goodput=1000.0, slo_risk=0.10, config=cfg),
+                cand(job, f"{job}-wide", goodput=600.0, slo_risk=0.01, config=cfg)]
+
+    spare = run([online("a", 3000)], levels("a"), {H100: 8}, top_k=1)
+    assert (spare.choice("a").candidate_id, spare.choice("a").replicas) == ("a-wide", 5)
+    assert "SLO risk 1%" in spare.choice("a").reason
+    # 6 GPUs: both jobs fit only at the tight margin (3 + 3); wide would need 5 + 5
+    short = run([online("a", 3000), online("b", 3000)], levels("a") + levels("b"),
+                {H100: 6}, top_k=1)
+    assert {short.choice(j).candidate_id for j in "ab"} == {"a-tight", "b-tight"}

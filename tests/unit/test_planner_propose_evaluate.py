@@ -215,3 +215,68 @@ def test_a_batch_candidate_takes_the_throughput_belief_of_its_saturated_regime(c
     before = evaluate_stage([proposal], snap, BeliefStore(), DroCalibrator(), fast, cat)
     after = evaluate_stage([proposal], snap, store, DroCalibrator(), fast, cat)
     assert after.goodput_tok_s[0] == pytest.approx(learnt * before.goodput_tok_s[0])
+
+
+def test_online_candidates_are_scored_at_every_risk_level_batch_at_one(cat) -> None:
+    from koi.planner.evaluate import RiskLevel
+
+    props = propose("web", "llama-3.1-8b", ["h100-sxm", "l40s"], cat,
+                    limits=ProposerLimits(max_per_job=12))
+    props += propose("bulk", "llama-3.1-8b", ["h100-sxm"], cat,
+                     limits=ProposerLimits(max_per_job=5))
+    loads = {"web": JobLoad("web", 1000, 200, 4.0, slo_ttft_ms=800, slo_tpot_ms=50),
+             "bulk": JobLoad("bulk", 1000, 200, 0.0, batch=True)}
+    levels = (RiskLevel(0.0, 0.0, 0.12), RiskLevel(0.3, 0.1, 0.04), RiskLevel(0.6, 0.2, 0.01))
+    ev = evaluate(props, loads, levels=lambda job: levels, backend="numpy")
+    web = [i for i, p in enumerate(ev.proposals) if p.job_id == "web"]
+    bulk = [i for i, p in enumerate(ev.proposals) if p.job_id == "bulk"]
+    assert len(web) == 12 * 3 and len(bulk) == 5
+    # a proposal's rows are consecutive, in level order, with the level's radii and risk
+    for k in range(12):
+        rows = web[3 * k:3 * k + 3]
+        assert len({ev.proposals[i] for i in rows}) == 1
+        assert ev.radius_ttft[rows].tolist() == [0.0, 0.3, 0.6]
+        assert ev.radius_tpot[rows].tolist() == [0.0, 0.1, 0.2]
+        assert ev.slo_risk[rows].tolist() == [0.12, 0.04, 0.01]
+        # a wider margin never sustains more, and the first level is the plain score
+        assert np.all(np.diff(ev.max_rate_rps[rows]) <= 1e-9)
+    plain = evaluate(props, loads, backend="numpy")
+    np.testing.assert_allclose(ev.max_rate_rps[web[::3]], plain.max_rate_rps[:12])
+    assert np.any(ev.max_rate_rps[web[2::3]] < ev.max_rate_rps[web[::3]])
+    assert (ev.slo_risk[bulk] == 0).all() and (ev.radius_ttft[bulk] == 0).all()
+
+
+def test_risk_levels_come_from_the_calibrator_and_fall_with_the_margin() -> None:
+    import math
+
+    from koi.calibrate import DroCalibrator
+    from koi.causal import OutcomeObservation
+    from koi.causal.observe import log_residuals
+    from koi.causal.scope import Scope
+    from koi.planner.tick import KoiSettings, risk_levels
+
+    rng = np.random.default_rng(5)
+    obs = [OutcomeObservation(
+        f"d{i}", "j", 1, Scope(accelerator="h100"),
+        {"ttft_p95_ms": 100.0, "tpot_p95_ms": 20.0},
+        {"ttft_ms": 60.0 * math.exp(e), "ttft_p95_ms": 100.0 * math.exp(e),
+         "tpot_ms": 15.0, "tpot_p95_ms": 20.0 * math.exp(e / 4)}, weight=10.0)
+        for i, e in enumerate(rng.normal(0.0, 0.4, 60))]
+    cal = DroCalibrator(coverage=0.5)
+    settings = KoiSettings()
+    # before any spreads: one level, the calibrated (prior) radius, risk not priced
+    assert risk_levels(cal, settings) == (
+        risk_levels(cal, settings)[0],) and risk_levels(cal, settings)[0].slo_risk == 0.0
+    cal = cal.update([log_residuals(o) for o in obs], 1, observations=obs,
+                     rescore=log_residuals)
+    levels = risk_levels(cal, settings)
+    assert len(levels) == 3
+    assert levels[0].radius_ttft == pytest.approx(cal.radius("ttft_p95"))
+    assert [lv.radius_ttft for lv in levels] == sorted(lv.radius_ttft for lv in levels)
+    assert levels[1].radius_ttft == pytest.approx(cal.radius_at("ttft_p95", 0.8))
+    risks = [lv.slo_risk for lv in levels]
+    assert risks == sorted(risks, reverse=True) and 0 < risks[-1] < risks[0] < 1
+    # no DRO (koi-no-dro), or no extra coverages: one level at radius 0 / the radius
+    assert [(lv.radius_ttft, lv.slo_risk) for lv in
+            risk_levels(cal, KoiSettings(use_dro=False))] == [(0.0, 0.0)]
+    assert len(risk_levels(cal, KoiSettings(risk_coverages=()))) == 1

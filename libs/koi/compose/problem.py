@@ -195,7 +195,8 @@ def build_problem(inp: ComposeInput) -> Problem:
     net = a * cap - cost
     profitable = fits & (cap > 0) & (net > EPS) & ((demand + ahead)[job_of] > 0)
     density = net / gpr
-    kept = _prune(profitable, job_of, off_of, density, table.is_current, inp.top_k)
+    kept = _prune(profitable, job_of, off_of, density, table.is_current, inp.top_k,
+                  _groups(table))
     return Problem(jobs=jobs, table=table, offerings=offerings, free=free, avail=avail,
                    room=room, held=held, extra=extra, holds=held.any(axis=1), demand=demand,
                    ahead=ahead, ahead_share=w.ahead, value=value, job_of=job_of,
@@ -224,14 +225,40 @@ def _demand(job: JobDemand, tok_per_request: float) -> float:
     return job.demand_rate_rps * tok_per_request
 
 
+def _groups(table: CandidateTable) -> np.ndarray:
+    """A group id per row: rows of one job with one configuration on one offering (the
+    same candidate at several margins, each with its SLO risk) share one; without
+    configuration every row is its own group."""
+    if not table.configs:
+        return np.arange(len(table))
+    ids: dict = {}
+    return np.fromiter((ids.setdefault((j, c) if c is not None else i, len(ids))
+                        for i, (j, c) in enumerate(zip(table.job_id, table.configs,
+                                                       strict=True))),
+                       np.int64, len(table))
+
+
 def _prune(ok: np.ndarray, job_of: np.ndarray, off_of: np.ndarray, density: np.ndarray,
-           current: np.ndarray, k: int) -> np.ndarray:
-    """Per job keep ≤ k rows: its current row, the best row per offering, then the densest.
+           current: np.ndarray, k: int, group: np.ndarray | None = None) -> np.ndarray:
+    """Per job keep ≤ k groups of rows: its current one, the best per offering, then the
+    densest (a group ranks by its densest row, and is kept whole: the MILP chooses among
+    a candidate's margins, not the pruning).
 
     The best-per-offering tier keeps the MILP able to move a job to another offering when
     its favourite one is contested, instead of K near-copies on one offering.
     """
     rows = np.flatnonzero(ok)
+    if rows.size == 0 or group is None:
+        return _prune_rows(rows, job_of, off_of, density, current, k)
+    g = group[rows]
+    order = np.lexsort((rows, -density[rows], g))
+    first = np.r_[True, g[order][1:] != g[order][:-1]]
+    reps = _prune_rows(rows[order[first]], job_of, off_of, density, current, k)
+    return rows[np.isin(g, group[reps])]
+
+
+def _prune_rows(rows: np.ndarray, job_of: np.ndarray, off_of: np.ndarray,
+                density: np.ndarray, current: np.ndarray, k: int) -> np.ndarray:
     if rows.size == 0:
         return rows
     j, o, d = job_of[rows], off_of[rows], density[rows]

@@ -52,7 +52,7 @@ class ScoredCandidate:
     goodput_tok_s_per_replica: float   # robust SLO-meeting output tok/s of one replica
     usd_per_hour_per_replica: float
     max_rate_per_replica: float = 0.0  # robust req/s under SLO (online; 0 = unknown)
-    slo_risk: float = 0.0              # 0..1: chance the SLO is missed at the planned load
+    slo_risk: float = 0.0              # 0..1: expected share of requests missing an SLO
     preemption_exposure: float = 0.0   # expected replica-hours lost per replica-hour
     is_current: bool = False           # the job's running config and offering
     migration_cost: float = 0.0        # churn penalty (objective units) for switching to it

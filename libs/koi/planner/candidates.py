@@ -112,8 +112,8 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
             rows["churn"].append(0.0 if is_current or not current
                                  else churn_hours * usd * max(held, 1))
             rows["feasible"].append(bool(feasible))
+            rows["risk"].append(float(ev.slo_risk[i]))
             configs.append(p.config.with_(offering=off.id))
-    n = len(configs)
     table = CandidateTable(
         job_id=np.array(rows["job_id"], dtype=object),
         candidate_id=np.array(rows["candidate_id"], dtype=object),
@@ -122,7 +122,8 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
         goodput_tok_s=np.array(rows["goodput"], dtype=np.float64),
         usd_per_hour=np.array(rows["usd"], dtype=np.float64),
         max_rate_rps=np.array(rows["rate"], dtype=np.float64),
-        slo_risk=np.zeros(n), preemption_exposure=np.array(rows["preempt"], dtype=np.float64),
+        slo_risk=np.clip(np.array(rows["risk"], dtype=np.float64), 0.0, 1.0),
+        preemption_exposure=np.array(rows["preempt"], dtype=np.float64),
         is_current=np.array(rows["current"], dtype=bool),
         migration_cost=np.array(rows["churn"], dtype=np.float64),
         feasible_slo=np.array(rows["feasible"], dtype=bool),

@@ -71,6 +71,17 @@ class Robustness:
 NOMINAL = Robustness()
 
 
+@dataclass(frozen=True, slots=True)
+class RiskLevel:
+    """One margin an online candidate is offered at: the radii (log) that tighten its
+    p95 SLOs and the expected share of its requests that still miss one (``slo_risk``;
+    the composer prices it). Level 0 is the calibrated radius; the others wider."""
+
+    radius_ttft: float = 0.0
+    radius_tpot: float = 0.0
+    slo_risk: float = 0.0
+
+
 @dataclass(frozen=True)
 class Evaluated:
     """Per-candidate, per-replica scores (arrays aligned with ``proposals``)."""
@@ -88,6 +99,11 @@ class Evaluated:
     comm_overhead_frac: np.ndarray
     queue_util: np.ndarray
     gpus: np.ndarray
+    # the row's margin: an online proposal has one row per ``RiskLevel`` (its radii and
+    # the expected share of requests missing an SLO); batch rows have one, at risk 0
+    radius_ttft: np.ndarray
+    radius_tpot: np.ndarray
+    slo_risk: np.ndarray
     slo_feasible: np.ndarray        # bool: some load meets the SLO robustly
 
     def __len__(self) -> int:
@@ -100,11 +116,16 @@ class Evaluated:
                                self.queue_util[i])
 
     @staticmethod
+    def empty() -> Evaluated:
+        arrays = {f.name: np.zeros(0, dtype=bool if f.name == "slo_feasible" else float)
+                  for f in fields(Evaluated) if f.name != "proposals"}
+        return Evaluated(proposals=(), **arrays)
+
+    @staticmethod
     def concat(parts: Sequence[Evaluated]) -> Evaluated:
         """Shards evaluated separately, as one (in the order given)."""
         if not parts:
-            empty = np.zeros(0)
-            return Evaluated((), *(empty,) * 9, np.zeros(0, dtype=bool))
+            return Evaluated.empty()
         arrays = {f.name: np.concatenate([getattr(p, f.name) for p in parts])
                   for f in fields(Evaluated) if f.name != "proposals"}
         return Evaluated(proposals=tuple(x for p in parts for x in p.proposals), **arrays)
@@ -133,13 +154,31 @@ RobustnessFn = Callable[..., Robustness]
 
 def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
              robustness: RobustnessFn | None = None,
+             levels: Callable[[str], Sequence[RiskLevel]] | None = None,
              catalog: Catalog | None = None, calibration: Calibration | None = None,
              backend: str = "numba", kernel: Kernel | None = None) -> Evaluated:
     """Predict and robustly score every proposal (one kernel call; ``kernel`` replaces
-    ``evaluate_matrix``, e.g. with a cached one)."""
+    ``evaluate_matrix``, e.g. with a cached one). With ``levels`` (job id → its risk
+    levels), a proposal of a job with an SLO is scored once per level (its radii replace
+    the latency radii of ``robustness``), in level order, as consecutive rows."""
     cat = catalog or load_catalog()
     cal = calibration or load_calibration()
-    rob = [robustness(p) if robustness else NOMINAL for p in proposals]
+    rows: list[Proposal] = []
+    rob: list[Robustness] = []
+    risk: list[float] = []
+    for p in proposals:
+        r = robustness(p) if robustness else NOMINAL
+        load = loads[p.job_id]
+        if levels is not None and (load.slo_ttft_ms > 0 or load.slo_tpot_ms > 0):
+            for lv in levels(p.job_id):
+                rows.append(p)
+                rob.append(replace(r, radius_ttft=lv.radius_ttft, radius_tpot=lv.radius_tpot))
+                risk.append(lv.slo_risk)
+        else:
+            rows.append(p)
+            rob.append(r)
+            risk.append(0.0)
+    proposals = rows
     pairs = []
     for p, r in zip(proposals, rob, strict=True):
         load = loads[p.job_id]
@@ -152,8 +191,7 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
             slo_ttft_ms=_effective_slo(load.slo_ttft_ms, r.ttft_mult, r.radius_ttft),
             slo_tpot_ms=_effective_slo(load.slo_tpot_ms, r.tpot_mult, r.radius_tpot))))
     if not pairs:
-        empty = np.zeros(0)
-        return Evaluated((), *(empty,) * 9, np.zeros(0, dtype=bool))
+        return Evaluated.empty()
     run = kernel or (lambda X: evaluate_matrix(X, backend=backend))
     Y = run(build_inputs(pairs, cat, cal))
     if robustness is not None:
@@ -163,7 +201,7 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
                 rob[i] = robustness(p, graph_mediators(Y[OUT["kv_pressure"], i],
                                                        Y[OUT["comm_frac"], i],
                                                        Y[OUT["queue_util"], i]))
-    ev = _score(tuple(proposals), pairs, rob, loads, Y)
+    ev = _score(tuple(proposals), pairs, rob, np.array(risk), loads, Y)
     # jobs no candidate serves robustly: also the nominal answer, for best-effort service
     lost = {p.job_id for p in proposals} - {p.job_id for p, ok in
                                              zip(proposals, ev.slo_feasible, strict=True) if ok}
@@ -178,7 +216,7 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
 
 
 def _score(proposals: tuple[Proposal, ...], pairs: list[tuple], rob: list[Robustness],
-           loads: Mapping[str, JobLoad], Y: np.ndarray) -> Evaluated:
+           risk: np.ndarray, loads: Mapping[str, JobLoad], Y: np.ndarray) -> Evaluated:
     tput_mult = np.array([r.tput_mult * math.exp(-r.radius_tput) for r in rob])
     out_len = np.array([wl.output_len for _, wl in pairs])
     # max_rate_slo already meets the tightened SLOs; the throughput side of robustness
@@ -199,5 +237,7 @@ def _score(proposals: tuple[Proposal, ...], pairs: list[tuple], rob: list[Robust
         comm_overhead_frac=Y[OUT["comm_frac"]].copy(),
         queue_util=Y[OUT["queue_util"]].copy(),
         gpus=np.array([p.config.gpus_per_replica for p in proposals], dtype=float),
+        radius_ttft=np.array([r.radius_ttft for r in rob]),
+        radius_tpot=np.array([r.radius_tpot for r in rob]), slo_risk=risk,
         slo_feasible=(robust_rate > 0) | ~has_slo,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from koi.calibrate import HIGHER_BETTER, DroCalibrator
 from koi.catalog import Catalog
@@ -83,7 +83,7 @@ def explain_choices(plan: ComposePlan, ev: Evaluated, beliefs: BeliefStore,
     """One explanation per choice of ``plan``; an online job's robust p95s are predicted
     afresh at the load each of its replicas is planned to carry (``ev`` holds them at
     the job's whole load on one replica), with the same ``robustness`` as the evaluator."""
-    radii = tuple(sorted(calibrator.radii().items()))
+    radii = calibrator.radii()
     at_plan = _robust_p95_at_plan(plan, ev, loads, robustness, catalog, calibration, backend)
     out = []
     for c in plan.choices:
@@ -105,11 +105,22 @@ def explain_choices(plan: ComposePlan, ev: Evaluated, beliefs: BeliefStore,
             ttft_p95_ms_robust=ttft, tpot_p95_ms_robust=tpot, planned_rate_rps=rate,
             max_rate_rps_nominal=float(ev.nominal_max_rate_rps[i]),
             max_rate_rps_robust=float(ev.max_rate_rps[i]),
-            multipliers=tuple(sorted(mult.items())), radii=radii,
+            multipliers=tuple(sorted(mult.items())), radii=_row_radii(radii, ev, i),
             mechanisms=tuple(m.line() for m in mechs[:3]),
             mechanism_ids=tuple(m.id for m in mechs[:3]) + p.mechanism_ids,
             goodput_tok_s=c.goodput_tok_s, usd_per_hour=c.usd_per_hour))
     return tuple(out)
+
+
+def _row_radii(radii: Mapping[str, float], ev: Evaluated, i: int
+               ) -> tuple[tuple[str, float], ...]:
+    """The calibrator's radii with the SLO radii of row ``i``'s margin (its risk level)."""
+    row = {**radii, "ttft_p95": float(ev.radius_ttft[i]), "tpot_p95": float(ev.radius_tpot[i])}
+    return tuple(sorted(row.items()))
+
+
+def _at_row(r: Robustness, ev: Evaluated, i: int) -> Robustness:
+    return replace(r, radius_ttft=float(ev.radius_ttft[i]), radius_tpot=float(ev.radius_tpot[i]))
 
 
 def _proposal_index(candidate_id: object) -> int:
@@ -129,10 +140,11 @@ def _robust_p95_at_plan(plan: ComposePlan, ev: Evaluated, loads: Mapping[str, Jo
         if c.candidate_id is None or c.config is None or c.replicas < 1 or load is None \
                 or load.batch or load.rate_rps <= 0:
             continue
-        p = ev.proposals[_proposal_index(c.candidate_id)]
+        i = _proposal_index(c.candidate_id)
+        p = ev.proposals[i]
         rate = load.rate_rps / c.replicas
         jobs.append((c.job_id, rate))
-        robust.append(robustness(p))
+        robust.append(_at_row(robustness(p), ev, i))
         pairs.append((p.config, Workload(input_len=max(load.input_len, 1.0),
                                          output_len=max(load.output_len, 1.0),
                                          mode=LoadMode.RATE, load=rate)))

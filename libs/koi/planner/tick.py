@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from koi.calibrate import OUTCOMES, DroCalibrator
+from koi.calibrate import OUTCOMES, SLO_OUTCOMES, DroCalibrator
 from koi.catalog import Catalog
 from koi.causal.graph import LEARNT_OUTCOMES
 from koi.causal.observe import (
@@ -47,7 +47,7 @@ from koi.cluster import (
 )
 from koi.compose import ComposeInput, ComposePlan, ComposeWeights, compose
 from koi.planner.candidates import job_demands, job_loads, scored_candidates
-from koi.planner.evaluate import Evaluated, Kernel, Robustness, evaluate
+from koi.planner.evaluate import Evaluated, Kernel, RiskLevel, Robustness, evaluate
 from koi.planner.explain import Explanation, explain_choices
 from koi.planner.place import Target, place
 from koi.planner.propose import Hints, MechanismHint, Proposal, ProposerLimits, propose
@@ -83,6 +83,11 @@ class KoiSettings:
     # top of the capped set lost 1.1-1.2 on hetero-12h (every seed lower) and tied on
     # hetero-3h and real-104 (BENCHMARKS (q))
     mediator_guidance: bool = False
+    # each online candidate is also offered at the radii of these coverages (its SLO
+    # risk at each margin priced by the composer), so a job buys margin where capacity
+    # is spare and plans at the calibrated radius where it is short; () = one row at
+    # the calibrated radius, risk not priced
+    risk_coverages: tuple[float, ...] = (0.8, 0.95)
     migration_budget: int = 4
     compose_time_limit_s: float = 5.0   # a safety net: HiGHS stops at its node limit first
     top_k: int = 40
@@ -253,7 +258,14 @@ def evaluate_stage(proposals: Sequence[Proposal], snapshot: ClusterSnapshot,
     nominal fallback looks at all of them), so shards are cut at job boundaries."""
     loads = job_loads(active_jobs(snapshot), snapshot, settings.rate_headroom)
     robust = _robustness(beliefs, calibrator, settings, catalog)
-    return evaluate(proposals, loads, robustness=robust, catalog=catalog,
+    cache: dict[str, tuple[RiskLevel, ...]] = {}
+
+    def levels(job_id: str) -> tuple[RiskLevel, ...]:
+        if job_id not in cache:
+            cache[job_id] = risk_levels(calibrator, settings, job_id)
+        return cache[job_id]
+
+    return evaluate(proposals, loads, robustness=robust, levels=levels, catalog=catalog,
                     calibration=settings.calibration, backend=settings.backend,
                     kernel=kernel)
 
@@ -357,7 +369,10 @@ def learn_from(observations: Sequence[OutcomeObservation], beliefs: BeliefStore,
         return beliefs, calibrator, abs_error
     at = max(tick, beliefs.tick)
     if not settings.use_beliefs:
-        return beliefs, calibrator.update(residuals, at), abs_error
+        # the prior model's residuals never change, but re-scoring keeps the observations
+        # (their spreads price SLO risk)
+        return beliefs, calibrator.update(residuals, at, observations=observations,
+                                          rescore=log_residuals), abs_error
     updated = beliefs.update(list(observations), at)
     # the radius measures the learnt model on the recent window (calibrate.py)
     return updated, calibrator.update(residuals, at, observations=observations,
@@ -434,6 +449,34 @@ def _robustness(beliefs: BeliefStore, calibrator: DroCalibrator, settings: KoiSe
         return cache[key]
 
     return robustness
+
+
+# margins closer than this (log) to the previous level's on both SLOs add no choice
+LEVEL_STEP = 0.02
+
+
+def risk_levels(calibrator: DroCalibrator, settings: KoiSettings,
+                job: str | None = None) -> tuple[RiskLevel, ...]:
+    """The margins ``job``'s online candidates are scored at: the calibrated radii (level
+    0), then those of ``settings.risk_coverages`` on the job's own residuals where it has
+    enough (never below level 0's), each with its SLO risk — the larger of the two SLOs'
+    expected miss shares (``DroCalibrator.slo_risk``, the job's own shrunk towards all).
+    Without DRO, or before the calibrator has spreads, one level at risk 0."""
+    radii = _radii(calibrator, settings)
+    base = {o: radii.get(o, 0.0) if o in settings.dro_outcomes else 0.0 for o in SLO_OUTCOMES}
+    priced = settings.use_dro and all(calibrator.slo_risk(o, 0.0) is not None
+                                      for o in SLO_OUTCOMES)
+    if not priced:
+        return (RiskLevel(base["ttft_p95"], base["tpot_p95"], 0.0),)
+    margins = [base]
+    for q in settings.risk_coverages:
+        at = {o: max(base[o], calibrator.radius_at(o, q, job)) if o in settings.dro_outcomes
+              else base[o] for o in SLO_OUTCOMES}
+        if any(at[o] - margins[-1][o] > LEVEL_STEP for o in SLO_OUTCOMES):
+            margins.append(at)
+    return tuple(RiskLevel(m["ttft_p95"], m["tpot_p95"],
+                           max(calibrator.slo_risk(o, m[o], job) or 0.0 for o in SLO_OUTCOMES))
+                 for m in margins)
 
 
 def _radii(calibrator: DroCalibrator, settings: KoiSettings) -> dict[str, float]:
