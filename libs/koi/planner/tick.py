@@ -86,7 +86,7 @@ class KoiSettings:
     # each online candidate is also offered at the radii of these coverages (its SLO
     # risk at each margin priced by the composer), so a job buys margin where capacity
     # is spare and plans at the calibrated radius where it is short; () = one row at
-    # the calibrated radius, risk not priced
+    # the calibrated radius (its risk still priced)
     risk_coverages: tuple[float, ...] = (0.8, 0.95)
     migration_budget: int = 4
     compose_time_limit_s: float = 5.0   # a safety net: HiGHS stops at its node limit first
@@ -464,9 +464,8 @@ def risk_levels(calibrator: DroCalibrator, settings: KoiSettings,
     Without DRO, or before the calibrator has spreads, one level at risk 0."""
     radii = _radii(calibrator, settings)
     base = {o: radii.get(o, 0.0) if o in settings.dro_outcomes else 0.0 for o in SLO_OUTCOMES}
-    priced = settings.use_dro and all(calibrator.slo_risk(o, 0.0) is not None
-                                      for o in SLO_OUTCOMES)
-    if not priced:
+    first = [calibrator.slo_risk(o, base[o], job) for o in SLO_OUTCOMES]
+    if not settings.use_dro or any(r is None for r in first):
         return (RiskLevel(base["ttft_p95"], base["tpot_p95"], 0.0),)
     margins = [base]
     for q in settings.risk_coverages:
@@ -474,9 +473,11 @@ def risk_levels(calibrator: DroCalibrator, settings: KoiSettings,
               else base[o] for o in SLO_OUTCOMES}
         if any(at[o] - margins[-1][o] > LEVEL_STEP for o in SLO_OUTCOMES):
             margins.append(at)
-    return tuple(RiskLevel(m["ttft_p95"], m["tpot_p95"],
-                           max(calibrator.slo_risk(o, m[o], job) or 0.0 for o in SLO_OUTCOMES))
-                 for m in margins)
+    risks = [max(r or 0.0 for r in first)]
+    risks += [max(calibrator.slo_risk(o, m[o], job) or 0.0 for o in SLO_OUTCOMES)
+              for m in margins[1:]]
+    return tuple(RiskLevel(m["ttft_p95"], m["tpot_p95"], r)
+                 for m, r in zip(margins, risks, strict=True))
 
 
 def _radii(calibrator: DroCalibrator, settings: KoiSettings) -> dict[str, float]:
