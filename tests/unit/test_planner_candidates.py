@@ -94,3 +94,42 @@ def test_the_running_deployments_mediators_guide_the_proposer_only_when_enabled(
     assert guided[0].config == wide.with_(offering="", replicas=1)
     assert all(p.config.tp < 2 and "comm-bound" in p.hypothesis for p in guided[1:5])
     assert propose_stage(snap2, [], off, CAT, hints=comm_bound)[1:5] != guided[1:5]
+
+
+def test_a_batch_job_holding_a_full_offering_can_change_its_parallelism_there() -> None:
+    """A batch job on all 8 GPUs of an offering as tp2 ×4: its tp1 rows there keep the
+    GPUs (a re-shard in place), so the plan may choose one although nothing is free; an
+    online job's tp1 rows there would be swaps, which need 8 free GPUs first."""
+    spec = parse_job({"kind": "batch", "id": "b", "model": "llama-3.1-8b",
+                      "num_requests": 200000, "input_len": 500, "output_len": 100,
+                      "deadline_s": 3600})
+    job = JobStatus(spec=spec, admitted=True, rejected=False)
+    wide = engine_default_config("llama-3.1-8b", "h100-sxm", "vllm", CAT, tp=2,
+                                 replicas=4, offering=H100)
+    dep = Deployment("d1", "b", wide, H100, DeploymentState.RUNNING, 4, 0, 0.0)
+    snap = ClusterSnapshot(5, 300.0, 60.0, 3600.0, (OfferingCapacity(H100, 8, 8),),
+                           (dep,), (job,))
+    props = propose("b", "llama-3.1-8b", ["h100-sxm"], CAT, current=dep.config,
+                    limits=ProposerLimits(max_per_job=30))
+    loads = job_loads([job], snap, 1.0)
+    ev = evaluate(props, loads, catalog=CAT, backend="numpy")
+    table, capacity = scored_candidates(ev, snap, CAT, 1.0)
+    assert capacity == {H100: 0}
+    tp1 = [i for i, c in enumerate(table.configs) if c.tp == 1]
+    assert tp1 and table.in_place[tp1].all() and not table.is_current[tp1].any()
+    # the composer can take it: a re-shard uses only the GPUs the job holds
+    plan = compose(ComposeInput(jobs=job_demands([job], loads, snap, ev), candidates=table,
+                                capacity=capacity))
+    choice = plan.choice("b")
+    assert choice.decision == Decision.PLACE and choice.gpus <= 8
+    # the same deployment as an online job's: tp1 on its GPUs is a swap
+    online_snap = ClusterSnapshot(5, 300.0, 60.0, 3600.0, snap.capacity,
+                                  (Deployment("d1", "a", wide, H100, DeploymentState.RUNNING,
+                                              4, 0, 0.0),), (online("a"),))
+    oprops = propose("a", "llama-3.1-8b", ["h100-sxm"], CAT, current=wide,
+                     limits=ProposerLimits(max_per_job=30))
+    oev = evaluate(oprops, job_loads([online("a")], online_snap, 1.0), catalog=CAT,
+                   backend="numpy")
+    otable, _ = scored_candidates(oev, online_snap, CAT, 1.0)
+    otp1 = [i for i, c in enumerate(otable.configs) if c.tp == 1]
+    assert otp1 and not otable.in_place[otp1].any()

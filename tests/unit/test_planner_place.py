@@ -136,3 +136,24 @@ def test_in_place_is_the_running_deployment_or_a_relaunch_on_its_gpus() -> None:
     assert not in_place([])(cfg(), OFF)
     starting = dep("d2", "a", cfg(), state=DeploymentState.STARTING)
     assert not in_place([starting])(cfg(max_num_seqs=64), OFF)   # nothing runs to relaunch
+    # a batch job may be re-sharded on its GPUs; never moved off them by a relaunch
+    batch_keeps = in_place([dep("d1", "b", cfg())], batch=True)
+    assert batch_keeps(cfg(tp=2), OFF) and batch_keeps(cfg(max_num_seqs=64), OFF)
+    assert not batch_keeps(cfg(tp=2), OFF2)
+
+
+def test_a_batch_job_is_resharded_in_place_and_an_online_job_swaps() -> None:
+    """tp1 ×8 → tp2 ×4 on the same 8 GPUs (OFF has none free beyond them): the batch job
+    relaunches there with the plan's replica count; an online job needs a swap, which
+    must wait for GPUs (the old deployment serves until the new one is ready)."""
+    full = ClusterSnapshot(1, 60.0, 60.0, 3600.0, (OfferingCapacity(OFF, 8, 8),),
+                           (dep("d1", "b", cfg(), ready=8),), (batch_job("b"),))
+    (r,) = place([target("b", cfg(tp=2), replicas=4)], full)
+    assert r.kind == ActionKind.RELAUNCH and r.deployment_id == "d1" and r.replicas == 4
+    assert r.config.tp == 2 and r.config.replicas == 4
+    (more,) = place([target("b", cfg(tp=2), replicas=5)], full)   # 10 GPUs of 8
+    assert more.kind == ActionKind.DEFER and "needs 2 on" in more.reason
+    online = ClusterSnapshot(1, 60.0, 60.0, 3600.0, (OfferingCapacity(OFF, 8, 8),),
+                             (dep("d1", "a", cfg(), ready=8),), (job("a"),))
+    (s,) = place([target("a", cfg(tp=2), replicas=4)], online)
+    assert s.kind == ActionKind.DEFER and "waiting for GPUs: needs 8" in s.reason

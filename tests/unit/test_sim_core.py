@@ -421,3 +421,34 @@ def test_a_preempted_spread_group_keeps_its_members_first_tokens() -> None:
     st = rep.take_stats()
     assert st.preemptions > 0 and rep.empty
     assert len(st.done) == 24 and sum(c.w for c in st.done) == pytest.approx(24.0)
+
+
+def test_a_relaunch_reshards_the_same_gpus() -> None:
+    """tp1 ×4 → tp2 ×2 on the 4 GPUs the deployment holds (none free beyond them): the
+    ranks restart with the action's replica count; asking for more GPUs than it holds
+    plus the free ones is refused."""
+    sc = tiny_scenario([batch_job("bulk", 1500)], {OD: 4}, horizon_s=900)
+    sim = Simulator(sc, seed=0)
+    sim.apply(PlanDecision(0, (_launch("bulk", replicas=4),)))
+    for _ in range(4):
+        sim.advance()
+    (dep,) = sim.snapshot().deployments
+    assert dep.replicas_ready == 4 and dep.gpus == 4
+
+    def relaunch(replicas: int):
+        return sim.apply(PlanDecision(sim.tick, (Action(
+            ActionKind.RELAUNCH, "bulk", "reshard", deployment_id=dep.id,
+            config=_cfg(tp=2), replicas=replicas),)))[0]
+
+    too_many = relaunch(3)                      # 6 GPUs: 4 held, none free
+    assert not too_many.applied and "GPUs" in too_many.reason
+    assert relaunch(2).applied
+    (d,) = sim.snapshot().deployments
+    assert d.config.tp == 2 and d.replicas_starting == 2 and d.gpus == 4
+    assert next(c for c in sim.snapshot().capacity if c.offering == OD).used_gpus == 4
+    while not sim.done:
+        sim.advance()
+    rec = sim.record("t")
+    assert any(e.kind == "relaunch" and "tp2" in e.detail for e in rec.events)
+    (bulk,) = rec.jobs
+    assert bulk.tokens_processed > 0

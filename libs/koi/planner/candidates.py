@@ -55,12 +55,13 @@ def _live_by_job(snapshot: ClusterSnapshot) -> dict[str, list]:
     return live
 
 
-def _running(deployments: list) -> tuple[list, int, Callable]:
+def _running(deployments: list, batch: bool) -> tuple[list, int, Callable]:
     """A job's live (configuration, offering) pairs, the replicas it holds and which
-    (configuration, offering) keep its GPUs (``place.in_place``)."""
+    (configuration, offering) keep its GPUs (``place.in_place``; a batch job may be
+    re-sharded on them)."""
     return ([(d.config.with_(offering="", replicas=1), d.offering) for d in deployments],
             sum(d.replicas_ready + d.replicas_starting for d in deployments),
-            in_place(deployments))
+            in_place(deployments, batch=batch))
 
 
 def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog,
@@ -77,6 +78,7 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
             offers_by_accel[off.accelerator].append(off)
     live = _live_by_job(snapshot)
     admitted = {j.id for j in snapshot.jobs if j.admitted}
+    batch = {j.id for j in snapshot.jobs if j.is_batch}
     feasible_jobs = {p.job_id for p, ok in zip(ev.proposals, ev.slo_feasible, strict=True)
                      if ok}
     rows: dict[str, list] = defaultdict(list)
@@ -93,7 +95,7 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
             # (hetero-12h 71.1 / 71.7 against 73.9 / 74.8 on seeds 1-2; NOTES)
             goodput, rate, feasible = 0.0, 0.0, ev.nominal_max_rate_rps[i] > 0
         if p.job_id not in running:
-            running[p.job_id] = _running(live.get(p.job_id, []))
+            running[p.job_id] = _running(live.get(p.job_id, []), p.job_id in batch)
         current, held, keeps = running[p.job_id]
         for off in offers_by_accel.get(p.config.accelerator, []):
             usd = off.usd_per_gpu_hour * p.config.gpus_per_replica

@@ -7,7 +7,9 @@ deployments and emits the least disruptive actions that get there:
 * nothing running → LAUNCH;
 * same configuration and offering → SCALE when the replica count differs (this also
   re-places replicas lost to spot preemption or a stock-out);
-* same offering, new parallelism or engine knobs → RELAUNCH (the ranks restart);
+* same offering, new parallelism or engine knobs → RELAUNCH (the ranks restart); a batch
+  job may also be re-sharded there to another number of GPUs per replica (its work
+  waits through the restart, none is lost), an online job only on the same GPUs;
 * anything else → SWAP, make-before-break (the old deployment serves until the new one
   is ready);
 * rejected → REJECT (and STOP anything running); deferred → DEFER with the reason
@@ -59,10 +61,20 @@ def _same_shape(a: DeploymentConfig, b: DeploymentConfig) -> bool:
     return _shape(a) == _shape(b)
 
 
-def _relaunchable(dep: Deployment, config: DeploymentConfig, offering: str) -> bool:
-    """Same GPUs (offering and accelerator), only knobs an engine restart can change."""
+def _relaunchable(dep: Deployment, config: DeploymentConfig, offering: str,
+                  reshard: bool = False) -> bool:
+    """Same offering and accelerator, only knobs an engine restart can change; with
+    ``reshard`` (a batch job) also another number of GPUs per replica (tp2 ×32 → tp1 ×64
+    on the same 64 GPUs).
+
+    Without it a batch job that holds a whole offering could never change its
+    parallelism there: a swap needs the new replicas' GPUs while the old ones still
+    serve. On hetero-12h seed 1 nightly-summarize-8b moved tp1 → tp2 on a prior that
+    over-stated tp2 by 1.45×, learnt so, and stayed on tp2 at 66 % of its deadline's pace
+    for 70 ticks, the offering full (BENCHMARKS (t)). An online job keeps its shape
+    make-before-break: a restart drops its traffic."""
     return (dep.offering == offering and dep.config.accelerator == config.accelerator
-            and dep.config.gpus_per_replica == config.gpus_per_replica)
+            and (reshard or dep.config.gpus_per_replica == config.gpus_per_replica))
 
 
 def _primary(live: list[Deployment]) -> Deployment:
@@ -77,17 +89,19 @@ def _relaunch_source(live: list[Deployment]) -> Deployment | None:
         else None
 
 
-def in_place(live: list[Deployment]) -> Callable[[DeploymentConfig, str], bool]:
+def in_place(live: list[Deployment], *, batch: bool = False
+             ) -> Callable[[DeploymentConfig, str], bool]:
     """For one job's ``live`` deployments: whether running a configuration on an offering
     keeps one of them on the GPUs it holds — the matching one (scaled in place), or the
-    primary relaunched in place. Anything else is a swap, whose old GPUs serve until the
-    new deployment is ready. (The job's part is done once: the planner asks per row.)"""
+    primary relaunched in place (``batch``: re-sharded too, ``_relaunchable``). Anything
+    else is a swap, whose old GPUs serve until the new deployment is ready. (The job's
+    part is done once: the planner asks per row.)"""
     shapes = {(_shape(d.config), d.offering) for d in live}
     source = _relaunch_source(live)
 
     def keeps(config: DeploymentConfig, offering: str) -> bool:
         return (_shape(config), offering) in shapes or (
-            source is not None and _relaunchable(source, config, offering))
+            source is not None and _relaunchable(source, config, offering, batch))
     return keeps
 
 
@@ -119,7 +133,7 @@ def place(targets: Sequence[Target], snapshot: ClusterSnapshot, *, finished: Seq
                 actions += [Action(ActionKind.DRAIN, t.job_id, f"deferred: {t.reason}",
                                    deployment_id=d.id) for d in live]
             continue
-        new, used = _move(t, live, budget)
+        new, used = _move(t, live, budget, reshard=t.job_id in batch)
         budget -= used
         actions += new
     return _within_free(actions, snapshot)
@@ -157,12 +171,15 @@ def _gpus_needed(a: Action, dep: Deployment | None) -> tuple[str, int]:
         have = dep.replicas_ready + dep.replicas_starting
         return dep.offering, max(a.replicas - have, 0) * dep.config.gpus_per_replica
     if a.kind == ActionKind.RELAUNCH and a.config is not None:
-        return dep.offering, max(dep.config.replicas * a.config.gpus_per_replica - dep.gpus, 0)
+        replicas = a.replicas or dep.config.replicas
+        return dep.offering, max(replicas * a.config.gpus_per_replica - dep.gpus, 0)
     return "", 0
 
 
-def _move(t: Target, live: list[Deployment], budget: int) -> tuple[list[Action], int]:
-    """Actions for one placed job, and how much migration budget they use."""
+def _move(t: Target, live: list[Deployment], budget: int, *,
+          reshard: bool = False) -> tuple[list[Action], int]:
+    """Actions for one placed job (``reshard``: a batch job, ``_relaunchable``), and how
+    much migration budget they use."""
     assert t.config is not None
     cfg = t.config.with_(offering=t.offering, replicas=t.replicas)
     if not live:
@@ -188,6 +205,7 @@ def _move(t: Target, live: list[Deployment], budget: int) -> tuple[list[Action],
     if budget <= 0:
         return [Action(ActionKind.DEFER, t.job_id,
                        f"migration budget spent this tick; keeping {primary.id} ({t.reason})")], 0
-    kind = ActionKind.RELAUNCH if _relaunchable(primary, cfg, t.offering) else ActionKind.SWAP
+    kind = ActionKind.RELAUNCH if _relaunchable(primary, cfg, t.offering, reshard) \
+        else ActionKind.SWAP
     return [Action(kind, t.job_id, t.reason, deployment_id=primary.id, config=cfg,
                    offering=t.offering, replicas=t.replicas)], 1

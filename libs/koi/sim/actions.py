@@ -127,8 +127,10 @@ def _relaunch(sim: Simulator, a: Action) -> None:
         raise Refused(f"relaunch keeps the GPUs of {dep.offering.id}; use SWAP to move to"
                       f" {off.id}")
     held = sum(s.gpus for s in dep.slots)
-    _need(sim, off.id, dep.desired * cfg.gpus_per_replica - held)
-    sim.fleet.relaunch(dep, cfg.with_(replicas=dep.desired), sim.now)
+    # the action's replicas when given: a re-shard (other GPUs per replica) changes them
+    replicas = a.replicas if a.replicas > 0 else dep.desired
+    _need(sim, off.id, replicas * cfg.gpus_per_replica - held)
+    sim.fleet.relaunch(dep, cfg.with_(replicas=replicas), sim.now)
     sim.emit("relaunch", dep.job.id, f"tp{cfg.tp} pp{cfg.pp} {cfg.engine},"
              f" down {sim.fleet.relaunch_ready_s(cfg):.0f}s: {a.reason}", dep.id)
 

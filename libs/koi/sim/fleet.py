@@ -195,8 +195,9 @@ class Fleet:
         del self.deps[dep.id]
 
     def relaunch(self, dep: Dep, cfg: DeploymentConfig, now: float) -> None:
-        """Same offering, new knobs: every rank restarts and reloads its weights."""
-        n = dep.desired
+        """Same offering, new knobs: every rank restarts and reloads its weights, as
+        ``cfg.replicas`` replicas (another TP may cut the same GPUs into more or fewer)."""
+        n = dep.desired = max(cfg.replicas, 1)
         for slot in list(dep.slots):
             self.remove_slot(dep, slot, now, "relaunch")
         dep.config = cfg
