@@ -148,7 +148,8 @@ class Action:
     deployment_id: str = ""
     config: DeploymentConfig | None = None   # LAUNCH/SWAP/RELAUNCH: the new config
     offering: str = ""                       # LAUNCH/SWAP: where
-    replicas: int = 0                        # LAUNCH/SCALE: desired replicas
+    replicas: int = 0                        # LAUNCH/SCALE: desired replicas; RELAUNCH:
+                                             # after the restart (0: as many as now)
 
 
 @dataclass(frozen=True, slots=True)

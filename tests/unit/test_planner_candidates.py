@@ -97,9 +97,10 @@ def test_the_running_deployments_mediators_guide_the_proposer_only_when_enabled(
 
 
 def test_a_batch_job_holding_a_full_offering_can_change_its_parallelism_there() -> None:
-    """A batch job on all 8 GPUs of an offering as tp2 ×4: its tp1 rows there keep the
-    GPUs (a re-shard in place), so the plan may choose one although nothing is free; an
-    online job's tp1 rows there would be swaps, which need 8 free GPUs first."""
+    """A batch job on all 8 GPUs of an offering as tp2 ×4: with ``reshard_batch`` its tp1
+    rows there keep the GPUs (a re-shard in place), so the plan may choose one although
+    nothing is free; without it, and for an online job, they are swaps, which need 8
+    free GPUs first."""
     spec = parse_job({"kind": "batch", "id": "b", "model": "llama-3.1-8b",
                       "num_requests": 200000, "input_len": 500, "output_len": 100,
                       "deadline_s": 3600})
@@ -113,10 +114,11 @@ def test_a_batch_job_holding_a_full_offering_can_change_its_parallelism_there() 
                     limits=ProposerLimits(max_per_job=30))
     loads = job_loads([job], snap, 1.0)
     ev = evaluate(props, loads, catalog=CAT, backend="numpy")
-    table, capacity = scored_candidates(ev, snap, CAT, 1.0)
+    table, capacity = scored_candidates(ev, snap, CAT, 1.0, reshard_batch=True)
     assert capacity == {H100: 0}
     tp1 = [i for i, c in enumerate(table.configs) if c.tp == 1]
     assert tp1 and table.in_place[tp1].all() and not table.is_current[tp1].any()
+    assert not scored_candidates(ev, snap, CAT, 1.0)[0].in_place[tp1].any()
     # the composer can take it: a re-shard uses only the GPUs the job holds
     plan = compose(ComposeInput(jobs=job_demands([job], loads, snap, ev), candidates=table,
                                 capacity=capacity))
@@ -130,6 +132,6 @@ def test_a_batch_job_holding_a_full_offering_can_change_its_parallelism_there() 
                      limits=ProposerLimits(max_per_job=30))
     oev = evaluate(oprops, job_loads([online("a")], online_snap, 1.0), catalog=CAT,
                    backend="numpy")
-    otable, _ = scored_candidates(oev, online_snap, CAT, 1.0)
+    otable, _ = scored_candidates(oev, online_snap, CAT, 1.0, reshard_batch=True)
     otp1 = [i for i, c in enumerate(otable.configs) if c.tp == 1]
     assert otp1 and not otable.in_place[otp1].any()

@@ -142,18 +142,21 @@ def test_in_place_is_the_running_deployment_or_a_relaunch_on_its_gpus() -> None:
     assert not batch_keeps(cfg(tp=2), OFF2)
 
 
-def test_a_batch_job_is_resharded_in_place_and_an_online_job_swaps() -> None:
-    """tp1 ×8 → tp2 ×4 on the same 8 GPUs (OFF has none free beyond them): the batch job
-    relaunches there with the plan's replica count; an online job needs a swap, which
-    must wait for GPUs (the old deployment serves until the new one is ready)."""
+def test_a_batch_job_is_resharded_in_place_when_enabled_and_an_online_job_swaps() -> None:
+    """tp1 ×8 → tp2 ×4 on the same 8 GPUs (OFF has none free beyond them): with
+    ``reshard_batch`` the batch job relaunches there with the plan's replica count;
+    without it, and for an online job, it is a swap, which must wait for GPUs (the old
+    deployment serves until the new one is ready)."""
     full = ClusterSnapshot(1, 60.0, 60.0, 3600.0, (OfferingCapacity(OFF, 8, 8),),
                            (dep("d1", "b", cfg(), ready=8),), (batch_job("b"),))
-    (r,) = place([target("b", cfg(tp=2), replicas=4)], full)
+    (r,) = place([target("b", cfg(tp=2), replicas=4)], full, reshard_batch=True)
     assert r.kind == ActionKind.RELAUNCH and r.deployment_id == "d1" and r.replicas == 4
     assert r.config.tp == 2 and r.config.replicas == 4
-    (more,) = place([target("b", cfg(tp=2), replicas=5)], full)   # 10 GPUs of 8
-    assert more.kind == ActionKind.DEFER and "needs 2 on" in more.reason
+    (more,) = place([target("b", cfg(tp=2), replicas=5)], full, reshard_batch=True)
+    assert more.kind == ActionKind.DEFER and "needs 2 on" in more.reason    # 10 of 8
+    (off,) = place([target("b", cfg(tp=2), replicas=4)], full)
+    assert off.kind == ActionKind.DEFER and "waiting for GPUs: needs 8" in off.reason
     online = ClusterSnapshot(1, 60.0, 60.0, 3600.0, (OfferingCapacity(OFF, 8, 8),),
                              (dep("d1", "a", cfg(), ready=8),), (job("a"),))
-    (s,) = place([target("a", cfg(tp=2), replicas=4)], online)
+    (s,) = place([target("a", cfg(tp=2), replicas=4)], online, reshard_batch=True)
     assert s.kind == ActionKind.DEFER and "waiting for GPUs: needs 8" in s.reason

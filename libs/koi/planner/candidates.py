@@ -65,11 +65,13 @@ def _running(deployments: list, batch: bool) -> tuple[list, int, Callable]:
 
 
 def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog,
-                      churn_hours: float) -> tuple[CandidateTable, dict[str, int]]:
+                      churn_hours: float, *, reshard_batch: bool = False
+                      ) -> tuple[CandidateTable, dict[str, int]]:
     """(candidates × offerings table, free GPUs per offering).
 
     The GPUs a job holds are its demand's ``held_gpus``, not free ones; a row that keeps
-    them (its running deployment, a relaunch in place) is ``in_place``.
+    them (its running deployment, a relaunch in place; with ``reshard_batch`` a batch
+    job's re-shard there) is ``in_place``.
     """
     offers_by_accel: dict[str, list] = defaultdict(list)
     for cap in snapshot.capacity:
@@ -78,7 +80,7 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
             offers_by_accel[off.accelerator].append(off)
     live = _live_by_job(snapshot)
     admitted = {j.id for j in snapshot.jobs if j.admitted}
-    batch = {j.id for j in snapshot.jobs if j.is_batch}
+    reshard = {j.id for j in snapshot.jobs if j.is_batch} if reshard_batch else set()
     feasible_jobs = {p.job_id for p, ok in zip(ev.proposals, ev.slo_feasible, strict=True)
                      if ok}
     rows: dict[str, list] = defaultdict(list)
@@ -95,7 +97,7 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
             # (hetero-12h 71.1 / 71.7 against 73.9 / 74.8 on seeds 1-2; NOTES)
             goodput, rate, feasible = 0.0, 0.0, ev.nominal_max_rate_rps[i] > 0
         if p.job_id not in running:
-            running[p.job_id] = _running(live.get(p.job_id, []), p.job_id in batch)
+            running[p.job_id] = _running(live.get(p.job_id, []), p.job_id in reshard)
         current, held, keeps = running[p.job_id]
         for off in offers_by_accel.get(p.config.accelerator, []):
             usd = off.usd_per_gpu_hour * p.config.gpus_per_replica

@@ -7,9 +7,9 @@ deployments and emits the least disruptive actions that get there:
 * nothing running → LAUNCH;
 * same configuration and offering → SCALE when the replica count differs (this also
   re-places replicas lost to spot preemption or a stock-out);
-* same offering, new parallelism or engine knobs → RELAUNCH (the ranks restart); a batch
-  job may also be re-sharded there to another number of GPUs per replica (its work
-  waits through the restart, none is lost), an online job only on the same GPUs;
+* same offering, new parallelism or engine knobs → RELAUNCH (the ranks restart) on the
+  same GPUs per replica; with ``reshard_batch`` a batch job may also be re-sharded there
+  to another number of GPUs per replica (its work waits through the restart);
 * anything else → SWAP, make-before-break (the old deployment serves until the new one
   is ready);
 * rejected → REJECT (and STOP anything running); deferred → DEFER with the reason
@@ -71,8 +71,9 @@ def _relaunchable(dep: Deployment, config: DeploymentConfig, offering: str,
     parallelism there: a swap needs the new replicas' GPUs while the old ones still
     serve. On hetero-12h seed 1 nightly-summarize-8b moved tp1 → tp2 on a prior that
     over-stated tp2 by 1.45×, learnt so, and stayed on tp2 at 66 % of its deadline's pace
-    for 70 ticks, the offering full (BENCHMARKS (t)). An online job keeps its shape
-    make-before-break: a restart drops its traffic."""
+    for 70 ticks, the offering full. Allowing it lost on hetero-12h (BENCHMARKS (t)), so
+    ``KoiSettings.reshard_batch`` is off. An online job keeps its shape make-before-break:
+    a restart drops its traffic."""
     return (dep.offering == offering and dep.config.accelerator == config.accelerator
             and (reshard or dep.config.gpus_per_replica == config.gpus_per_replica))
 
@@ -106,8 +107,9 @@ def in_place(live: list[Deployment], *, batch: bool = False
 
 
 def place(targets: Sequence[Target], snapshot: ClusterSnapshot, *, finished: Sequence[str] = (),
-          migration_budget: int = 4) -> list[Action]:
-    """Actions that move the cluster from ``snapshot`` towards ``targets``."""
+          migration_budget: int = 4, reshard_batch: bool = False) -> list[Action]:
+    """Actions that move the cluster from ``snapshot`` towards ``targets`` (``reshard_batch``:
+    ``_relaunchable``)."""
     actions: list[Action] = []
     budget = migration_budget
     batch = {j.id for j in snapshot.jobs if j.is_batch}
@@ -133,7 +135,7 @@ def place(targets: Sequence[Target], snapshot: ClusterSnapshot, *, finished: Seq
                 actions += [Action(ActionKind.DRAIN, t.job_id, f"deferred: {t.reason}",
                                    deployment_id=d.id) for d in live]
             continue
-        new, used = _move(t, live, budget, reshard=t.job_id in batch)
+        new, used = _move(t, live, budget, reshard=reshard_batch and t.job_id in batch)
         budget -= used
         actions += new
     return _within_free(actions, snapshot)
@@ -205,7 +207,11 @@ def _move(t: Target, live: list[Deployment], budget: int, *,
     if budget <= 0:
         return [Action(ActionKind.DEFER, t.job_id,
                        f"migration budget spent this tick; keeping {primary.id} ({t.reason})")], 0
-    kind = ActionKind.RELAUNCH if _relaunchable(primary, cfg, t.offering, reshard) \
-        else ActionKind.SWAP
-    return [Action(kind, t.job_id, t.reason, deployment_id=primary.id, config=cfg,
-                   offering=t.offering, replicas=t.replicas)], 1
+    if not _relaunchable(primary, cfg, t.offering, reshard):
+        return [Action(ActionKind.SWAP, t.job_id, t.reason, deployment_id=primary.id,
+                       config=cfg, offering=t.offering, replicas=t.replicas)], 1
+    # a relaunch on as many GPUs per replica keeps its replica count (0; the next tick
+    # scales it); a re-shard cuts the GPUs into the plan's count
+    same = primary.config.gpus_per_replica == cfg.gpus_per_replica
+    return [Action(ActionKind.RELAUNCH, t.job_id, t.reason, deployment_id=primary.id,
+                   config=cfg, offering=t.offering, replicas=0 if same else t.replicas)], 1

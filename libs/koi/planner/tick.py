@@ -89,6 +89,11 @@ class KoiSettings:
     # the calibrated radius (its risk still priced)
     risk_coverages: tuple[float, ...] = (0.8, 0.95)
     migration_budget: int = 4
+    # a batch job may be relaunched in place with another number of GPUs per replica
+    # (tp2 ×32 → tp1 ×64 on the same GPUs; place._relaunchable). Off: 3 seeds on
+    # hetero-12h 80.47 against 81.93 (koi-no-dro 83.53 against 84.41), hetero-3h and
+    # real-104 within 0.2 (BENCHMARKS (t))
+    reshard_batch: bool = False
     compose_time_limit_s: float = 5.0   # a safety net: HiGHS stops at its node limit first
     top_k: int = 40
     proposer: ProposerLimits = field(default_factory=lambda: ProposerLimits(max_per_job=120))
@@ -274,7 +279,8 @@ def compose_stage(ev: Evaluated, snapshot: ClusterSnapshot, settings: KoiSetting
                   catalog: Catalog) -> ComposePlan:
     active = active_jobs(snapshot)
     loads = job_loads(active, snapshot, settings.rate_headroom)
-    table, capacity = scored_candidates(ev, snapshot, catalog, settings.churn_hours)
+    table, capacity = scored_candidates(ev, snapshot, catalog, settings.churn_hours,
+                                        reshard_batch=settings.reshard_batch)
     demands = job_demands(active, loads, snapshot, ev, batch_pace=settings.batch_pace)
     return compose(ComposeInput(jobs=demands, candidates=table, capacity=capacity,
                                 weights=settings.weights, top_k=settings.top_k,
@@ -312,7 +318,8 @@ def place_targets(targets: Sequence[Target], notes: dict[str, str],
     """The actions that move the fleet towards ``targets`` (the placer's stage)."""
     finished = [j.id for j in snapshot.jobs if job_finished(j, snapshot.time_s)]
     actions = place(targets, snapshot, finished=finished,
-                    migration_budget=settings.migration_budget)
+                    migration_budget=settings.migration_budget,
+                    reshard_batch=settings.reshard_batch)
     return PlanDecision(tick=snapshot.tick, actions=tuple(actions), notes=dict(notes))
 
 
