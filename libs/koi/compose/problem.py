@@ -232,10 +232,18 @@ def _groups(table: CandidateTable) -> np.ndarray:
     if not table.configs:
         return np.arange(len(table))
     ids: dict = {}
-    return np.fromiter((ids.setdefault((j, c) if c is not None else i, len(ids))
-                        for i, (j, c) in enumerate(zip(table.job_id, table.configs,
-                                                       strict=True))),
-                       np.int64, len(table))
+    # a configuration object repeated over rows (one per margin) is hashed once
+    seen: dict[tuple[str, int], int] = {}
+    out = np.empty(len(table), dtype=np.int64)
+    for i, (j, c) in enumerate(zip(table.job_id, table.configs, strict=True)):
+        if c is None:
+            out[i] = ids.setdefault(i, len(ids))
+            continue
+        key = (j, id(c))
+        if key not in seen:
+            seen[key] = ids.setdefault((j, c), len(ids))
+        out[i] = seen[key]
+    return out
 
 
 def _prune(ok: np.ndarray, job_of: np.ndarray, off_of: np.ndarray, density: np.ndarray,

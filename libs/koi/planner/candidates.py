@@ -86,6 +86,7 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
     rows: dict[str, list] = defaultdict(list)
     configs = []
     running: dict[str, tuple] = {}  # per job: (config, offering) pairs, replicas, in_place
+    last, where = None, []
     for i, p in enumerate(ev.proposals):
         goodput, rate, feasible = ev.goodput_tok_s[i], ev.max_rate_rps[i], ev.slo_feasible[i]
         if p.job_id in admitted and p.job_id not in feasible_jobs:
@@ -99,10 +100,16 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
         if p.job_id not in running:
             running[p.job_id] = _running(live.get(p.job_id, []), p.job_id in reshard)
         current, held, keeps = running[p.job_id]
-        for off in offers_by_accel.get(p.config.accelerator, []):
+        if p is not last:
+            # an online proposal comes once per risk level, as consecutive rows: its
+            # offerings' configs and their relation to what runs are the same each time
+            last = p
+            where = [(off, p.config.with_(offering=off.id), keeps(p.config, off.id),
+                      (p.config, off.id) in current)
+                     for off in offers_by_accel.get(p.config.accelerator, [])]
+        for off, config, keeps_gpus, is_current in where:
             usd = off.usd_per_gpu_hour * p.config.gpus_per_replica
-            is_current = (p.config, off.id) in current
-            rows["in_place"].append(keeps(p.config, off.id))
+            rows["in_place"].append(keeps_gpus)
             rows["job_id"].append(p.job_id)
             rows["candidate_id"].append(f"{i}@{off.id}")
             rows["offering"].append(off.id)
@@ -117,7 +124,7 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
                                  else churn_hours * usd * max(held, 1))
             rows["feasible"].append(bool(feasible))
             rows["risk"].append(float(ev.slo_risk[i]))
-            configs.append(p.config.with_(offering=off.id))
+            configs.append(config)
     table = CandidateTable(
         job_id=np.array(rows["job_id"], dtype=object),
         candidate_id=np.array(rows["candidate_id"], dtype=object),

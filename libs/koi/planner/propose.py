@@ -24,7 +24,7 @@ chosen here: a proposal is priced per offering later. No prediction, no scoring.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from koi.catalog import Catalog
@@ -96,22 +96,23 @@ def propose(job_id: str, model: str, accelerators: Iterable[str], catalog: Catal
                                priority=100.0), _tiebreak(base)))
     for accel in sorted(set(accelerators)):
         grid, grid_keys = _grid_cached(model, accel, catalog, *_grid_args(lim))
-        # the mechanisms that can apply on this part, found once per (engine, tp)
+        # the mechanisms that can apply on this part, and what they say, found once per
+        # (engine, tp)
         here = [m for m in mechanisms if m.accelerator in ("*", accel)]
-        in_scope: dict[tuple[str, int], list[MechanismHint]] = {}
+        in_scope: dict[tuple[str, int], tuple[float, list[str], tuple[str, ...]]] = {}
         for cfg, key in zip(grid, grid_keys, strict=True):
             if base is not None and key == items[0][1] and cfg == base:
                 continue
-            applies = in_scope.get((cfg.engine, cfg.tp))
-            if applies is None:
-                applies = in_scope[(cfg.engine, cfg.tp)] = [m for m in here if _in_scope(cfg, m)]
+            said = in_scope.get((cfg.engine, cfg.tp))
+            if said is None:
+                said = in_scope[(cfg.engine, cfg.tp)] = _mechanism_priority(
+                    [m for m in here if _in_scope(cfg, m)])
+            score, why, mech_ids = said
             guide, guide_why = _mediator_priority(cfg, current, hints, catalog)
-            score, why, mech_ids = _mechanism_priority(applies)
-            why = "; ".join(guide_why + why) or "explore the space"
-            proposal = Proposal(job_id, cfg, why, mech_ids, score + guide)
-            items.append((replace(proposal, priority=score), key))
+            text = "; ".join(guide_why + why) or "explore the space"
+            items.append((Proposal(job_id, cfg, text, mech_ids, score), key))
             if guide > 0:
-                guided.append((guide, proposal))
+                guided.append((guide, Proposal(job_id, cfg, text, mech_ids, score + guide)))
     ranked = _interleave(items)
     if not guided:
         return ranked[: lim.max_per_job]
