@@ -137,7 +137,7 @@ def test_in_place_is_the_running_deployment_or_a_relaunch_on_its_gpus() -> None:
     starting = dep("d2", "a", cfg(), state=DeploymentState.STARTING)
     assert not in_place([starting])(cfg(max_num_seqs=64), OFF)   # nothing runs to relaunch
     # a batch job may be re-sharded on its GPUs; never moved off them by a relaunch
-    batch_keeps = in_place([dep("d1", "b", cfg())], batch=True)
+    batch_keeps = in_place([dep("d1", "b", cfg())], reshard=True)
     assert batch_keeps(cfg(tp=2), OFF) and batch_keeps(cfg(max_num_seqs=64), OFF)
     assert not batch_keeps(cfg(tp=2), OFF2)
 

@@ -55,13 +55,13 @@ def _live_by_job(snapshot: ClusterSnapshot) -> dict[str, list]:
     return live
 
 
-def _running(deployments: list, batch: bool) -> tuple[list, int, Callable]:
+def _running(deployments: list, reshard: bool) -> tuple[list, int, Callable]:
     """A job's live (configuration, offering) pairs, the replicas it holds and which
-    (configuration, offering) keep its GPUs (``place.in_place``; a batch job may be
-    re-sharded on them)."""
+    (configuration, offering) keep its GPUs (``place.in_place``; with ``reshard`` a
+    re-shard on them does too)."""
     return ([(d.config.with_(offering="", replicas=1), d.offering) for d in deployments],
             sum(d.replicas_ready + d.replicas_starting for d in deployments),
-            in_place(deployments, batch=batch))
+            in_place(deployments, reshard=reshard))
 
 
 def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog,

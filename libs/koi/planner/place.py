@@ -90,19 +90,19 @@ def _relaunch_source(live: list[Deployment]) -> Deployment | None:
         else None
 
 
-def in_place(live: list[Deployment], *, batch: bool = False
+def in_place(live: list[Deployment], *, reshard: bool = False
              ) -> Callable[[DeploymentConfig, str], bool]:
     """For one job's ``live`` deployments: whether running a configuration on an offering
     keeps one of them on the GPUs it holds — the matching one (scaled in place), or the
-    primary relaunched in place (``batch``: re-sharded too, ``_relaunchable``). Anything
-    else is a swap, whose old GPUs serve until the new deployment is ready. (The job's
-    part is done once: the planner asks per row.)"""
+    primary relaunched in place (``reshard``, a batch job: re-sharded too,
+    ``_relaunchable``). Anything else is a swap, whose old GPUs serve until the new
+    deployment is ready. (The job's part is done once: the planner asks per row.)"""
     shapes = {(_shape(d.config), d.offering) for d in live}
     source = _relaunch_source(live)
 
     def keeps(config: DeploymentConfig, offering: str) -> bool:
         return (_shape(config), offering) in shapes or (
-            source is not None and _relaunchable(source, config, offering, batch))
+            source is not None and _relaunchable(source, config, offering, reshard))
     return keeps
 
 
