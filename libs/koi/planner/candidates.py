@@ -23,7 +23,7 @@ from koi.cluster import ClusterSnapshot, DeploymentState, JobStatus
 from koi.compose import CandidateTable, JobDemand
 from koi.jobs import BatchJob, OnlineJob
 from koi.planner.evaluate import Evaluated, JobLoad
-from koi.planner.place import in_place
+from koi.planner.place import in_place, reshardable
 from koi.policies.common import batch_tokens_left, job_finished
 
 # a replica lost to a spot reclaim costs about this long before its successor serves
@@ -80,7 +80,7 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
             offers_by_accel[off.accelerator].append(off)
     live = _live_by_job(snapshot)
     admitted = {j.id for j in snapshot.jobs if j.admitted}
-    reshard = {j.id for j in snapshot.jobs if j.is_batch} if reshard_batch else set()
+    reshard = reshardable(snapshot, reshard_batch)
     feasible_jobs = {p.job_id for p, ok in zip(ev.proposals, ev.slo_feasible, strict=True)
                      if ok}
     rows: dict[str, list] = defaultdict(list)

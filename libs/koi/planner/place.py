@@ -90,6 +90,13 @@ def _relaunch_source(live: list[Deployment]) -> Deployment | None:
         else None
 
 
+def reshardable(snapshot: ClusterSnapshot, enabled: bool) -> frozenset[str]:
+    """The jobs whose deployment may be re-sharded on its GPUs (``_relaunchable``): the
+    batch jobs, when ``enabled`` (``KoiSettings.reshard_batch``); the composer's rows and
+    the placer's actions both ask here."""
+    return frozenset(j.id for j in snapshot.jobs if j.is_batch) if enabled else frozenset()
+
+
 def in_place(live: list[Deployment], *, reshard: bool = False
              ) -> Callable[[DeploymentConfig, str], bool]:
     """For one job's ``live`` deployments: whether running a configuration on an offering
@@ -113,6 +120,7 @@ def place(targets: Sequence[Target], snapshot: ClusterSnapshot, *, finished: Seq
     actions: list[Action] = []
     budget = migration_budget
     batch = {j.id for j in snapshot.jobs if j.is_batch}
+    reshard = reshardable(snapshot, reshard_batch)
     for job_id in finished:
         actions += [Action(ActionKind.STOP, job_id, "job finished", deployment_id=d.id)
                     for d in _live(snapshot, job_id)]
@@ -135,7 +143,7 @@ def place(targets: Sequence[Target], snapshot: ClusterSnapshot, *, finished: Seq
                 actions += [Action(ActionKind.DRAIN, t.job_id, f"deferred: {t.reason}",
                                    deployment_id=d.id) for d in live]
             continue
-        new, used = _move(t, live, budget, reshard=reshard_batch and t.job_id in batch)
+        new, used = _move(t, live, budget, reshard=t.job_id in reshard)
         budget -= used
         actions += new
     return _within_free(actions, snapshot)
