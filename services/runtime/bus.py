@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 import uuid
@@ -33,6 +34,7 @@ from nats.js.errors import (
     KeyNotFoundError,
     KeyWrongLastSequenceError,
     NotFoundError,
+    ServerError,
 )
 from nats.js.kv import KeyValue
 
@@ -48,6 +50,8 @@ HEADER_ORIGINAL_SUBJECT = "Koi-Original-Subject"
 HEADER_ERROR = "Koi-Error"
 _FETCH_WAIT_S = 1.0                  # a pull request's lifetime; also stop()'s latency
 _ERR_STREAM_NAME_IN_USE = 10058      # "stream name already in use with a different config"
+_ERR_STREAM_STORE_FAILED = 10049     # "error creating store for stream": see _create_store
+_STORE_ATTEMPTS = 6                  # 0.05 + 0.1 + … + 0.8 s of waiting, 1.55 s at most
 
 # (subject, payload or decoded payload, headers) → None
 Handler = Callable[[str, Any, Mapping[str, str] | None], Awaitable[None]]
@@ -142,6 +146,23 @@ async def connect(url: str, name: str, *, wait_s: float | None = 30.0) -> Bus:
     return Bus(nc, name)
 
 
+async def _create_store(create: Callable[[], Awaitable[Any]]) -> Any:
+    """Run ``create`` (a stream or bucket creation), retrying the server's transient
+    "error creating store for stream". nats-server removes an account's empty stream
+    directory when its last stream is deleted, and a creation racing that removal fails
+    with "mkdir …/$G/streams: no such file or directory" (seen once in ~100 delete-all /
+    create-all cycles). Any other error, or this one after the last attempt, is raised."""
+    for attempt in range(_STORE_ATTEMPTS):
+        try:
+            return await create()
+        except ServerError as err:
+            if err.err_code != _ERR_STREAM_STORE_FAILED or attempt == _STORE_ATTEMPTS - 1:
+                raise
+            log.info("stream_store_retry", attempt=attempt + 1, error=err.description)
+            await asyncio.sleep(0.05 * 2 ** attempt)
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
 class Bus:
     """A connected NATS client with Koi's streams, KV buckets and conventions."""
 
@@ -163,7 +184,8 @@ class Bus:
                 max_age=STREAM_MAX_AGE_S, duplicate_window=DUPLICATE_WINDOW_S,
                 max_msg_size=MAX_MSG_BYTES, num_replicas=replicas)
             try:
-                await self.js.add_stream(config)  # identical config: the server says OK
+                # identical config: the server says OK
+                await _create_store(functools.partial(self.js.add_stream, config))
             except BadRequestError as err:
                 if err.err_code != _ERR_STREAM_NAME_IN_USE:
                     raise
@@ -178,7 +200,8 @@ class Bus:
                                         storage=api.StorageType.FILE,
                                         max_value_size=MAX_MSG_BYTES)
             try:
-                self._kv[bucket] = await self.js.create_key_value(config)
+                self._kv[bucket] = await _create_store(
+                    functools.partial(self.js.create_key_value, config))
             except BadRequestError as err:
                 if err.err_code != _ERR_STREAM_NAME_IN_USE:
                     raise

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import pytest
 from nats.js import api
+from nats.js.errors import ServerError
 
 from koi import subjects
 from koi.v1 import events_pb2
@@ -25,6 +26,7 @@ from services.runtime.bus import (
     RemoteError,
     Undecodable,
     connect,
+    delete_koi_state,
     stream_of,
     subject_matches,
 )
@@ -91,6 +93,51 @@ async def test_streams_and_buckets_are_created_idempotently_even_when_racing(
     for bucket in subjects.KV_BUCKETS:
         status = await (await bus.js.key_value(bucket)).status()
         assert status.history == 1
+
+
+@pytest.mark.asyncio
+async def test_a_store_creation_racing_the_servers_cleanup_is_retried(
+        bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    # nats-server removes an account's empty stream directory after its last stream is
+    # deleted; a creation racing that fails once with err_code 10049 (a real run: the
+    # CI failure of 2026-12-01). Inject that failure into the first two creations.
+    await delete_koi_state(bus.js)
+    failures = {"stream": 1, "bucket": 1}
+    real_add_stream = bus.js.add_stream
+
+    async def flaky_add_stream(config=None, **params):  # type: ignore[no-untyped-def]
+        kind = "bucket" if config.name.startswith("KV_") else "stream"
+        if failures[kind]:
+            failures[kind] -= 1
+            raise ServerError(code=500, err_code=10049,
+                              description="error creating store for stream")
+        return await real_add_stream(config, **params)
+
+    monkeypatch.setattr(bus.js, "add_stream", flaky_add_stream)
+    await bus.ensure_streams()
+    await bus.ensure_kv()
+    assert failures == {"stream": 0, "bucket": 0}
+    for name in subjects.STREAMS:
+        assert (await bus.js.stream_info(name)).config.name == name
+    for bucket in subjects.KV_BUCKETS:
+        assert (await (await bus.js.key_value(bucket)).status()).history == 1
+
+
+@pytest.mark.asyncio
+async def test_a_store_error_that_persists_is_raised(
+        bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    await delete_koi_state(bus.js)
+    calls = 0
+
+    async def broken_add_stream(config=None, **params):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        raise ServerError(code=500, err_code=10049, description="error creating store")
+
+    monkeypatch.setattr(bus.js, "add_stream", broken_add_stream)
+    with pytest.raises(ServerError):
+        await bus.ensure_streams()
+    assert calls == 6  # _STORE_ATTEMPTS, then the error surfaces
 
 
 @pytest.mark.asyncio
