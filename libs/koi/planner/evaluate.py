@@ -57,6 +57,14 @@ class Robustness:
     radius_ttft: float = 0.0
     radius_tpot: float = 0.0
     radius_tput: float = 0.0
+    # the mean-TPOT correction: how much longer than predicted a forward pass takes. A
+    # replica whose passes are c× slower serves c× fewer requests before it saturates,
+    # which a latency multiplier alone (it tightens the SLO) does not say: a 70B on H200
+    # tp4 learnt TPOT ×1.46 at half load while its saturated rate was still predicted
+    # 9.99 req/s (7.1 in the world), so Koi planned one replica at 8.3 req/s and its
+    # queue grew to hundreds (BENCHMARKS (u)). Online capacity is divided by it (never
+    # multiplied: like the throughput correction it only lowers a rate)
+    service_mult: float = 1.0
 
     @property
     def ttft_factor(self) -> float:
@@ -219,13 +227,17 @@ def _score(proposals: tuple[Proposal, ...], pairs: list[tuple], rob: list[Robust
            risk: np.ndarray, loads: Mapping[str, JobLoad], Y: np.ndarray) -> Evaluated:
     tput_mult = np.array([r.tput_mult * math.exp(-r.radius_tput) for r in rob])
     out_len = np.array([wl.output_len for _, wl in pairs])
-    # max_rate_slo already meets the tightened SLOs; the throughput side of robustness
-    # scales the rate a replica can sustain at all
-    robust_rate = Y[OUT["max_rate_slo"]] * np.minimum(tput_mult, 1.0)
-    ttft_mult = np.array([r.ttft_factor for r in rob])
-    tpot_mult = np.array([r.tpot_factor for r in rob])
     has_slo = np.array([loads[p.job_id].slo_ttft_ms > 0 or loads[p.job_id].slo_tpot_ms > 0
                         for p in proposals])
+    # max_rate_slo already meets the tightened SLOs; the throughput side of robustness
+    # scales the rate a replica can sustain at all, and so (online) does a slower pass:
+    # if every pass takes c× longer, latency at rate λ is c × the model's at c·λ, so the
+    # rate within SLO is the model's at SLO / c (the tightened SLO above) divided by c
+    service = np.array([1.0 / max(r.service_mult, 1.0) for r in rob])
+    robust_rate = Y[OUT["max_rate_slo"]] * np.minimum(
+        np.minimum(tput_mult, 1.0), np.where(has_slo, service, 1.0))
+    ttft_mult = np.array([r.ttft_factor for r in rob])
+    tpot_mult = np.array([r.tpot_factor for r in rob])
     return Evaluated(
         proposals=proposals,
         max_rate_rps=robust_rate,

@@ -47,6 +47,13 @@ class Explanation:
     usd_per_hour: float = 0.0
     planned_rate_rps: float = 0.0   # per replica: the job's rate (with headroom) ÷ replicas
 
+    def _slower_passes(self) -> str:
+        """The clause that says an online replica's capacity was cut for slow passes."""
+        slow = dict(self.multipliers).get("tpot", 1.0)
+        if self.planned_rate_rps <= 0 or slow <= 1.005:
+            return ""
+        return f"; passes learnt ×{slow:.2f} slower, so ÷{slow:.2f} capacity"
+
     def text(self) -> str:
         """The decision in plain words, as an operator reads it."""
         if self.decision != "place":
@@ -56,7 +63,7 @@ class Explanation:
                  f"  serves {self.goodput_tok_s:,.0f} tok/s within SLO for "
                  f"${self.usd_per_hour:,.2f}/h",
                  f"  per replica: up to {self.max_rate_rps_robust:.2f} req/s robustly "
-                 f"({self.max_rate_rps_nominal:.2f} as predicted)"]
+                 f"({self.max_rate_rps_nominal:.2f} as predicted{self._slower_passes()})"]
         if self.planned_rate_rps > 0:
             lines.append(f"  at the planned {self.planned_rate_rps:.2f} req/s per replica: p95"
                          f" TTFT {self.ttft_p95_ms_robust:,.0f} ms, TPOT"
@@ -145,9 +152,11 @@ def _robust_p95_at_plan(plan: ComposePlan, ev: Evaluated, loads: Mapping[str, Jo
         rate = load.rate_rps / c.replicas
         jobs.append((c.job_id, rate))
         robust.append(_at_row(robustness(p), ev, i))
+        # passes c× slower than predicted: the replica behaves as the model's at c × rate
         pairs.append((p.config, Workload(input_len=max(load.input_len, 1.0),
                                          output_len=max(load.output_len, 1.0),
-                                         mode=LoadMode.RATE, load=rate)))
+                                         mode=LoadMode.RATE,
+                                         load=rate * max(robust[-1].service_mult, 1.0))))
     if not pairs:
         return {}
     preds = predict_many(pairs, catalog=catalog, calibration=calibration, backend=backend,

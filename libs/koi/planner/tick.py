@@ -447,9 +447,9 @@ def _robustness(beliefs: BeliefStore, calibrator: DroCalibrator, settings: KoiSe
             # the SLOs are p95s: their multipliers carry the scope's tail factor
             mult = beliefs.correction(scope_of(p.config, catalog), mediators) \
                 if settings.use_beliefs \
-                else {"ttft_p95": 1.0, "tpot_p95": 1.0, "throughput": 1.0}
+                else {"ttft_p95": 1.0, "tpot_p95": 1.0, "tpot": 1.0, "throughput": 1.0}
             cache[key] = Robustness(ttft_mult=mult["ttft_p95"], tpot_mult=mult["tpot_p95"],
-                                    tput_mult=mult["throughput"],
+                                    tput_mult=mult["throughput"], service_mult=mult["tpot"],
                                     radius_ttft=radii.get("ttft_p95", 0.0),
                                     radius_tpot=radii.get("tpot_p95", 0.0),
                                     radius_tput=radii.get("throughput", 0.0))
