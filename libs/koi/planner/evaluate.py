@@ -67,6 +67,11 @@ class Robustness:
     service_mult: float = 1.0
 
     @property
+    def slowdown(self) -> float:
+        """How many times fewer requests a replica serves than predicted (≥ 1)."""
+        return max(self.service_mult, 1.0)
+
+    @property
     def ttft_factor(self) -> float:
         """Robust p95 TTFT ÷ raw prediction: the correction, then the worst case."""
         return self.ttft_mult * math.exp(self.radius_ttft)
@@ -233,7 +238,7 @@ def _score(proposals: tuple[Proposal, ...], pairs: list[tuple], rob: list[Robust
     # scales the rate a replica can sustain at all, and so (online) does a slower pass:
     # if every pass takes c× longer, latency at rate λ is c × the model's at c·λ, so the
     # rate within SLO is the model's at SLO / c (the tightened SLO above) divided by c
-    service = np.array([1.0 / max(r.service_mult, 1.0) for r in rob])
+    service = np.array([1.0 / r.slowdown for r in rob])
     robust_rate = Y[OUT["max_rate_slo"]] * np.minimum(
         np.minimum(tput_mult, 1.0), np.where(has_slo, service, 1.0))
     ttft_mult = np.array([r.ttft_factor for r in rob])

@@ -156,7 +156,7 @@ def _robust_p95_at_plan(plan: ComposePlan, ev: Evaluated, loads: Mapping[str, Jo
         pairs.append((p.config, Workload(input_len=max(load.input_len, 1.0),
                                          output_len=max(load.output_len, 1.0),
                                          mode=LoadMode.RATE,
-                                         load=rate * max(robust[-1].service_mult, 1.0))))
+                                         load=rate * robust[-1].slowdown)))
     if not pairs:
         return {}
     preds = predict_many(pairs, catalog=catalog, calibration=calibration, backend=backend,
