@@ -291,8 +291,12 @@ _OBS_FIELDS = tuple(f.name for f in fields(OutcomeObservation))
 def _obs_doc(obs: OutcomeObservation) -> dict[str, Any]:
     doc = {name: getattr(obs, name) for name in _OBS_FIELDS}
     return {**doc, "scope": obs.scope.key(), "predicted": dict(obs.predicted),
-            "observed": dict(obs.observed)}
+            "observed": dict(obs.observed),
+            "curves": {k: list(v) for k, v in obs.curves.items()}}
 
 
 def _obs_from_doc(doc: Mapping[str, Any]) -> OutcomeObservation:
-    return OutcomeObservation(**{**doc, "scope": Scope.from_key(doc["scope"])})
+    # a document from before pass curves has none
+    curves = {k: tuple(v) for k, v in doc.get("curves", {}).items()}
+    return OutcomeObservation(**{**doc, "scope": Scope.from_key(doc["scope"]),
+                                 "curves": curves})

@@ -110,12 +110,12 @@ def test_the_coverage_setting_reaches_the_calibrator() -> None:
     assert KoiState.initial(replace(KoiSettings(), coverage=0.8)).calibrator.coverage == 0.8
 
 
-def test_an_explanation_says_when_slow_passes_cut_a_replicas_capacity() -> None:
+def test_an_explanation_says_when_learnt_passes_set_a_replicas_capacity() -> None:
     from koi.planner.explain import Explanation
 
     base = dict(job_id="chat", decision="place", reason="stays", config_label="h200 tp4",
                 offering="gcp/us-central1/h200/on_demand", replicas=2,
                 max_rate_rps_nominal=8.6, max_rate_rps_robust=5.9, planned_rate_rps=4.2)
-    slow = Explanation(**base, multipliers=(("tpot", 1.46), ("ttft", 1.9))).text()
-    assert "passes learnt ×1.46 slower, so ÷1.46 capacity" in slow
-    assert "slower" not in Explanation(**base, multipliers=(("tpot", 0.9),)).text()
+    slow = Explanation(**base, multipliers=(("pass", 1.46), ("ttft", 0.8))).text()
+    assert "robustly on passes learnt ×1.46 as long)" in slow
+    assert "passes learnt" not in Explanation(**base, multipliers=(("pass", 1.0),)).text()

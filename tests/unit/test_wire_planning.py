@@ -357,14 +357,16 @@ def test_telemetry_round_trips_any_floats(data: st.DataObject) -> None:
 @settings(max_examples=50, deadline=None)
 @given(IDS, IDS, st.integers(-2**62, 2**62), SCOPES,
        st.dictionaries(TEXT, FLOATS, max_size=5), st.dictionaries(TEXT, FLOATS, max_size=5),
-       FLOATS)
+       FLOATS, st.dictionaries(TEXT, st.lists(FLOATS, max_size=13).map(tuple), max_size=2))
 def test_observations_round_trip_any_values(dep: str, job: str, tick: int, scope: Scope,
                                             predicted: dict[str, float],
-                                            observed: dict[str, float], weight: float) -> None:
-    obs = OutcomeObservation(dep, job, tick, scope, predicted, observed, weight)
+                                            observed: dict[str, float], weight: float,
+                                            curves: dict[str, tuple[float, ...]]) -> None:
+    obs = OutcomeObservation(dep, job, tick, scope, predicted, observed, weight, curves)
     _, (back,) = decode_observations(encode_observations(tick, [obs]))
     assert same(back, replace(obs, predicted=dict(sorted(predicted.items())),
-                              observed=dict(sorted(observed.items()))))
+                              observed=dict(sorted(observed.items())),
+                              curves=dict(sorted(curves.items()))))
 
 
 ACTIONS = st.builds(Action, kind=st.sampled_from(list(ActionKind)), job_id=IDS, reason=TEXT,

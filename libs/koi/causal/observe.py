@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from koi.causal.graph import BATCH_EFFICIENCY_EDGE, Edge
 from koi.causal.scope import Scope
 from koi.cluster import DeploymentTelemetry
+from koi.predictor.passes import solve, value_at
 from koi.predictor.types import MEDIATORS, Prediction
 
 # outcome → (Prediction field, observed key). p95s share their mean's graph node.
@@ -64,7 +65,11 @@ class OutcomeObservation:
     ``predicted`` holds Prediction field names (outcomes and mediators) of the raw,
     uncorrected prediction; ``observed`` holds ``ttft_ms, ttft_p95_ms, tpot_ms,
     tpot_p95_ms, output_tok_s, kv_usage, preemptions`` (missing keys = not measured).
-    ``weight`` is the number of requests behind the means.
+    ``weight`` is the number of requests behind the means. ``curves`` (online
+    deployments) maps "ttft" / "tpot" to the log predicted mean (ms) at each pass
+    multiplier of ``koi.predictor.passes.LOG_GRID`` (``pass_curves``): the model
+    inverted, so that the store learns how much longer a pass takes rather than how
+    much longer TPOT is (``pass_residual``), and TTFT's error beyond it.
     """
 
     deployment_id: str
@@ -74,6 +79,7 @@ class OutcomeObservation:
     predicted: Mapping[str, float] = field(default_factory=dict)
     observed: Mapping[str, float] = field(default_factory=dict)
     weight: float = 0.0
+    curves: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
     def mediators(self) -> dict[str, float]:
         """Predicted mediators by graph name (0 for any the prediction lacks)."""
@@ -123,6 +129,39 @@ def tail_residuals(obs: OutcomeObservation) -> dict[str, float]:
     res = log_residuals(obs)
     return {p95: res[p95] - res[GRAPH_OUTCOME[p95]] for p95 in TAIL_EDGES
             if p95 in res and GRAPH_OUTCOME[p95] in res}
+
+
+# An observation's noise in multiplier space is its outcome's noise over the curve's
+# slope, the slope clipped to [PASS_MIN_SLOPE, PASS_MAX_SLOPE]: a flat curve says next
+# to nothing about its multiplier, and a steep one no more than a proportional one — an
+# outcome's tick-to-tick scatter grows with its sensitivity to the pass (queueing
+# amplifies both), and near a slot or saturation limit a curve steps (in a first version
+# that also inverted TTFT, one slope of 41 on real-104 seed 2 outweighed 30 later
+# observations of the opposite sign)
+PASS_MIN_SLOPE, PASS_MAX_SLOPE = 0.1, 1.0
+
+
+def pass_noise(noise: float, slope: float) -> float:
+    """The noise of a pass residual whose outcome has ``noise`` and curve ``slope``."""
+    return noise / min(max(slope, PASS_MIN_SLOPE), PASS_MAX_SLOPE)
+
+
+def pass_residual(obs: OutcomeObservation) -> tuple[float, float] | None:
+    """(log pass multiplier at which the model predicts the observed mean TPOT, the TPOT
+    curve's slope there), or None without a TPOT curve and a measured mean."""
+    curve = obs.curves.get("tpot")
+    o = obs.observed.get(OUTCOME_FIELDS["tpot"][1], 0.0)
+    return solve(curve, math.log(o)) if curve and _finite_positive(o) else None
+
+
+def curve_residual(obs: OutcomeObservation, outcome: str, theta: float) -> float | None:
+    """log(observed / predicted) of ``outcome``'s mean with passes e^theta as long (None
+    without its curve or a measured mean)."""
+    curve = obs.curves.get(outcome)
+    o = obs.observed.get(OUTCOME_FIELDS[outcome][1], 0.0)
+    if not curve or not _finite_positive(o):
+        return None
+    return math.log(o) - value_at(curve, theta)
 
 
 def attribute(outcome: str, mediators: Mapping[str, float] | None,

@@ -31,7 +31,10 @@ from koi.causal.observe import (
     OutcomeObservation,
     Regimes,
     attribute,
+    curve_residual,
     log_residuals,
+    pass_noise,
+    pass_residual,
     tail_residuals,
 )
 from koi.causal.scope import GLOBAL, Scope, contains, generalisations
@@ -88,12 +91,23 @@ class BeliefStore:
             residuals = log_residuals(obs)
             scopes = generalisations(obs.scope)
             source = obs.scope.key()
+            passed = pass_residual(obs)  # None unless online, with a TPOT curve
+            if obs.curves:
+                residuals = _online_residuals(obs, residuals, passed)
             for outcome in LEARNT_OUTCOMES:
-                if outcome in residuals:
-                    edge = attribute(outcome, mediators, self.regimes)
+                if outcome == "tpot" and passed is not None:
+                    # the model inverted: the pass multiplier that explains the mean TPOT,
+                    # its noise TPOT's over the curve's slope
+                    edge = attribute(outcome, None, self.regimes)
+                    item = (passed[0], pass_noise(cfg.noise(outcome), passed[1]), w, source)
+                elif outcome not in residuals:
+                    continue
+                else:
+                    # online: TTFT beyond the pass, in the base regime the plan reads it in
+                    edge = attribute(outcome, None if obs.curves else mediators, self.regimes)
                     item = (residuals[outcome], cfg.noise(outcome), w, source)
-                    for scope in scopes:
-                        evidence.setdefault((edge, scope), []).append(item)
+                for scope in scopes:
+                    evidence.setdefault((edge, scope), []).append(item)
             if "tpot" in residuals:
                 for scope in scopes:
                     kv_evidence.setdefault(scope, []).append(
@@ -149,8 +163,43 @@ class BeliefStore:
                             min_support: int = LOOKUP_MIN_SUPPORT) -> dict[str, float]:
         """log(observed / corrected prediction) per outcome — what calibration sees.
         Call on the store *before* it learns from ``obs``."""
-        mult = self.correction(obs.scope, obs.mediators(), min_support)
-        return {o: r - math.log(mult[o]) for o, r in log_residuals(obs).items()}
+        # an online observation was filed in the base regime (update), a batch one in its
+        mult = self.correction(obs.scope, None if obs.curves else obs.mediators(),
+                               min_support)
+        out = {o: r - math.log(mult[o]) for o, r in log_residuals(obs).items()}
+        if not obs.curves:
+            return out
+        # an online observation: its means re-predicted on the learnt pass (along its
+        # curves), TTFT times the learnt TTFT multiplier, p95s times the tail factors
+        theta = self.lookup(attribute("tpot", None, self.regimes), obs.scope,
+                            min_support).mean
+        online = self.online_correction(obs.scope, min_support)
+        tails = tail_residuals(obs)
+        for outcome, extra in (("tpot", 1.0), ("ttft", online["ttft"])):
+            r = curve_residual(obs, outcome, theta)
+            if r is None:
+                continue
+            out[outcome] = r - math.log(extra)
+            p95 = outcome + "_p95"
+            if p95 in tails:
+                out[p95] = out[outcome] + tails[p95] \
+                    - math.log(self.tail(p95, obs.scope, min_support).multiplier)
+        return out
+
+    def online_correction(self, scope: Scope, min_support: int = LOOKUP_MIN_SUPPORT
+                          ) -> dict[str, float]:
+        """What an online candidate is predicted with: ``"pass"`` — how many times as long
+        its passes take (``koi.predictor.passes.scale_passes``; the base regime's TPOT
+        belief, which online observations file their ``pass_residual`` under);
+        ``"ttft"`` — TTFT's multiplier on the scaled prediction (base regime);
+        ``"ttft_p95"`` — that times the tail factor; ``"tpot_p95"`` — the tail factor;
+        ``"throughput"`` — the base regime's multiplier."""
+        mult = {o: self.lookup(attribute(o, None, self.regimes), scope, min_support)
+                .multiplier for o in LEARNT_OUTCOMES}
+        return {"pass": mult["tpot"], "ttft": mult["ttft"],
+                "ttft_p95": mult["ttft"] * self.tail("ttft_p95", scope, min_support).multiplier,
+                "tpot_p95": self.tail("tpot_p95", scope, min_support).multiplier,
+                "throughput": mult["throughput"]}
 
     def kv_cliff(self, scope: Scope, min_support: int = LOOKUP_MIN_SUPPORT
                  ) -> tuple[float, float] | None:
@@ -191,6 +240,18 @@ class BeliefStore:
         if doc.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} document: format={doc.get('format')!r}")
         return _decode(doc)
+
+
+def _online_residuals(obs: OutcomeObservation, residuals: Mapping[str, float],
+                      passed: tuple[float, float] | None) -> dict[str, float]:
+    """An online observation's ``residuals`` with TTFT's replaced by its error beyond the
+    pass: log(observed / predicted) with passes as long as its TPOT says (``passed``;
+    without it, the raw residual)."""
+    out = {k: v for k, v in residuals.items() if k != "ttft"}
+    r = curve_residual(obs, "ttft", passed[0] if passed is not None else 0.0)
+    if r is not None:
+        out["ttft"] = r
+    return out
 
 
 def _back_off(beliefs: Mapping[tuple[Edge, Scope], Belief], edge: Edge, scope: Scope,

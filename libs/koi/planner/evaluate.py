@@ -7,6 +7,10 @@ case inside the DRO radius*. Robustness enters the kernel as tightened SLOs: an 
 S with a learned correction m (the causal beliefs' multiplier for that scope) and a
 radius r is met robustly when the nominal prediction meets S / (m·e^r).
 
+An online candidate's learnt pass time enters the kernel as a multiplier on its passes
+(``Robustness.pass_mult``; ``koi.predictor.passes``): the queueing model then runs on
+the pass the fleet showed, so capacity and queueing delay move with it.
+
 A batch job's replicas run saturated, so its candidates are predicted saturated, and
 their throughput correction is the belief of the regime that prediction puts them in
 (``robustness(proposal, mediators)``): learning files a saturated replica's throughput
@@ -31,6 +35,7 @@ from koi.predictor.api import evaluate_matrix
 from koi.predictor.calibration import Calibration, load_calibration
 from koi.predictor.columns import OUT
 from koi.predictor.features import build_inputs
+from koi.predictor.passes import scale_passes
 from koi.predictor.types import LoadMode, Workload
 
 
@@ -57,19 +62,14 @@ class Robustness:
     radius_ttft: float = 0.0
     radius_tpot: float = 0.0
     radius_tput: float = 0.0
-    # the mean-TPOT correction: how much longer than predicted a forward pass takes. A
-    # replica whose passes are c× slower serves c× fewer requests before it saturates,
-    # which a latency multiplier alone (it tightens the SLO) does not say: a 70B on H200
-    # tp4 learnt TPOT ×1.46 at half load while its saturated rate was still predicted
-    # 9.99 req/s (7.1 in the world), so Koi planned one replica at 8.3 req/s and its
-    # queue grew to hundreds (BENCHMARKS (u)). Online capacity is divided by it (never
-    # multiplied: like the throughput correction it only lowers a rate)
-    service_mult: float = 1.0
-
-    @property
-    def slowdown(self) -> float:
-        """How many times fewer requests a replica serves than predicted (≥ 1)."""
-        return max(self.service_mult, 1.0)
+    # the multiplier on the kernel's forward pass (koi.predictor.passes): an online
+    # candidate is predicted with passes ``pass_mult``× as long in every part, so that
+    # the queueing model runs on the learnt pass — a slower pass lowers the rate a
+    # replica serves and queues it sooner, a faster one raises it (its tpot multiplier
+    # is then the p95 tail factor only, its ttft one TTFT's error beyond the pass).
+    # Before, a slower pass only divided the rate (BENCHMARKS (u)) and a faster one
+    # did nothing. Batch candidates keep 1 and take outcome multipliers of their regime
+    pass_mult: float = 1.0
 
     @property
     def ttft_factor(self) -> float:
@@ -206,7 +206,13 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
     if not pairs:
         return Evaluated.empty()
     run = kernel or (lambda X: evaluate_matrix(X, backend=backend))
-    Y = run(build_inputs(pairs, cat, cal))
+    X = build_inputs(pairs, cat, cal)
+    # batch rows are corrected after the kernel, in their saturated regime (below)
+    online = np.array([not loads[p.job_id].batch for p in proposals])
+    pass_mult = np.where(online, [r.pass_mult for r in rob], 1.0)
+    if np.any(pass_mult != 1.0):
+        X = scale_passes(X, pass_mult)
+    Y = run(X)
     if robustness is not None:
         # batch: no SLO to tighten, so the regime's throughput correction can come after
         for i, p in enumerate(proposals):
@@ -234,13 +240,9 @@ def _score(proposals: tuple[Proposal, ...], pairs: list[tuple], rob: list[Robust
     out_len = np.array([wl.output_len for _, wl in pairs])
     has_slo = np.array([loads[p.job_id].slo_ttft_ms > 0 or loads[p.job_id].slo_tpot_ms > 0
                         for p in proposals])
-    # max_rate_slo already meets the tightened SLOs; the throughput side of robustness
-    # scales the rate a replica can sustain at all, and so (online) does a slower pass:
-    # if every pass takes c× longer, latency at rate λ is c × the model's at c·λ, so the
-    # rate within SLO is the model's at SLO / c (the tightened SLO above) divided by c
-    service = np.array([1.0 / r.slowdown for r in rob])
-    robust_rate = Y[OUT["max_rate_slo"]] * np.minimum(
-        np.minimum(tput_mult, 1.0), np.where(has_slo, service, 1.0))
+    # max_rate_slo already meets the tightened SLOs on the learnt passes; the throughput
+    # side of robustness scales the rate a replica can sustain at all
+    robust_rate = Y[OUT["max_rate_slo"]] * np.minimum(tput_mult, 1.0)
     ttft_mult = np.array([r.ttft_factor for r in rob])
     tpot_mult = np.array([r.tpot_factor for r in rob])
     return Evaluated(

@@ -13,6 +13,8 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from koi.calibrate import HIGHER_BETTER, DroCalibrator
 from koi.catalog import Catalog
 from koi.causal.scope import scope_of
@@ -20,8 +22,11 @@ from koi.causal.store import BeliefStore
 from koi.compose import ComposePlan
 from koi.planner.evaluate import Evaluated, JobLoad, Robustness
 from koi.planner.propose import Proposal
-from koi.predictor.api import predict_many
+from koi.predictor.api import evaluate_matrix
 from koi.predictor.calibration import Calibration
+from koi.predictor.columns import OUT
+from koi.predictor.features import build_inputs
+from koi.predictor.passes import scale_passes
 from koi.predictor.types import LoadMode, Workload
 
 
@@ -47,12 +52,12 @@ class Explanation:
     usd_per_hour: float = 0.0
     planned_rate_rps: float = 0.0   # per replica: the job's rate (with headroom) ÷ replicas
 
-    def _slower_passes(self) -> str:
-        """The clause that says an online replica's capacity was cut for slow passes."""
-        slow = dict(self.multipliers).get("tpot", 1.0)
-        if self.planned_rate_rps <= 0 or slow <= 1.005:
+    def _passes(self) -> str:
+        """The clause that says an online replica was predicted on learnt pass times."""
+        slow = dict(self.multipliers).get("pass", 1.0)
+        if self.planned_rate_rps <= 0 or abs(math.log(slow)) <= 0.005:
             return ""
-        return f"; passes learnt ×{slow:.2f} slower, so ÷{slow:.2f} capacity"
+        return f"; robustly on passes learnt ×{slow:.2f} as long"
 
     def text(self) -> str:
         """The decision in plain words, as an operator reads it."""
@@ -63,7 +68,7 @@ class Explanation:
                  f"  serves {self.goodput_tok_s:,.0f} tok/s within SLO for "
                  f"${self.usd_per_hour:,.2f}/h",
                  f"  per replica: up to {self.max_rate_rps_robust:.2f} req/s robustly "
-                 f"({self.max_rate_rps_nominal:.2f} as predicted{self._slower_passes()})"]
+                 f"({self.max_rate_rps_nominal:.2f} as predicted{self._passes()})"]
         if self.planned_rate_rps > 0:
             lines.append(f"  at the planned {self.planned_rate_rps:.2f} req/s per replica: p95"
                          f" TTFT {self.ttft_p95_ms_robust:,.0f} ms, TPOT"
@@ -102,7 +107,8 @@ def explain_choices(plan: ComposePlan, ev: Evaluated, beliefs: BeliefStore,
         scope = scope_of(p.config, catalog)
         # a batch candidate's corrections are those of its saturated regime (evaluate)
         regime = ev.mediators(i) if loads[c.job_id].batch else None
-        mult = beliefs.correction(scope, regime) if use_beliefs else {}
+        mult = ({} if not use_beliefs else beliefs.correction(scope, regime)
+                if regime is not None else beliefs.online_correction(scope))
         rate, ttft, tpot = at_plan.get(c.job_id, (0.0, 0.0, 0.0))
         mechs = beliefs.applicable_mechanisms([scope]) if use_beliefs else ()
         out.append(Explanation(
@@ -152,17 +158,18 @@ def _robust_p95_at_plan(plan: ComposePlan, ev: Evaluated, loads: Mapping[str, Jo
         rate = load.rate_rps / c.replicas
         jobs.append((c.job_id, rate))
         robust.append(_at_row(robustness(p), ev, i))
-        # passes c× slower than predicted: the replica behaves as the model's at c × rate
         pairs.append((p.config, Workload(input_len=max(load.input_len, 1.0),
                                          output_len=max(load.output_len, 1.0),
-                                         mode=LoadMode.RATE,
-                                         load=rate * robust[-1].slowdown)))
+                                         mode=LoadMode.RATE, load=rate)))
     if not pairs:
         return {}
-    preds = predict_many(pairs, catalog=catalog, calibration=calibration, backend=backend,
-                         validate=False)
-    return {job: (rate, pred.ttft_p95_ms * r.ttft_factor, pred.tpot_p95_ms * r.tpot_factor)
-            for (job, rate), pred, r in zip(jobs, preds, robust, strict=True)}
+    # on the learnt passes, as the evaluator predicts online candidates
+    X = scale_passes(build_inputs(pairs, catalog, calibration),
+                     np.array([r.pass_mult for r in robust]))
+    Y = evaluate_matrix(X, backend=backend)
+    return {job: (rate, float(Y[OUT["ttft_p95"], j]) * 1e3 * r.ttft_factor,
+                  float(Y[OUT["tpot_p95"], j]) * 1e3 * r.tpot_factor)
+            for j, ((job, rate), r) in enumerate(zip(jobs, robust, strict=True))}
 
 
 def _label(cfg) -> str:

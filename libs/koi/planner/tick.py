@@ -52,8 +52,10 @@ from koi.planner.explain import Explanation, explain_choices
 from koi.planner.place import Target, place
 from koi.planner.propose import Hints, MechanismHint, Proposal, ProposerLimits, propose
 from koi.policies.common import job_finished
-from koi.predictor.api import predict_many
+from koi.predictor.api import evaluate_matrix, predict_many
 from koi.predictor.calibration import Calibration
+from koi.predictor.features import build_inputs
+from koi.predictor.passes import pass_curves
 from koi.predictor.types import LoadMode, Prediction, Workload
 
 # the outcomes whose DRO radius the evaluator applies (``Robustness``'s three radii)
@@ -330,7 +332,7 @@ def observe(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
             ) -> list[OutcomeObservation]:
     """Each steady deployment's last tick next to a fresh prediction at the load it saw
     (telemetry-ingest's stage)."""
-    observations = []
+    observations: list[OutcomeObservation] = []
     deps = {d.id: d for d in snapshot.deployments}
     pairs, keep = [], []
     batch_jobs = {j.id for j in snapshot.jobs if j.is_batch}
@@ -351,15 +353,34 @@ def observe(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
     preds: list[Prediction] = predict_many(pairs, catalog=catalog, validate=False,
                                            calibration=settings.calibration,
                                            backend=settings.backend) if pairs else []
-    for (t, scope, batch), pred in zip(keep, preds, strict=True):
+    online = []
+    for (t, scope, batch), pred, pair in zip(keep, preds, pairs, strict=True):
         obs = observation_from_telemetry(t, pred, scope)
         if obs is not None and batch:
             # a backlog's TTFT is time spent queued behind it, not a property of the config
             obs = replace(obs, observed={k: v for k, v in obs.observed.items()
                                          if not k.startswith("ttft")})
         if obs is not None:
+            if not batch:
+                online.append((len(observations), pair))
             observations.append(obs)
+    if online and settings.use_beliefs:
+        observations = _with_pass_curves(observations, online, settings, catalog)
     return observations
+
+
+def _with_pass_curves(observations: list[OutcomeObservation],
+                      online: Sequence[tuple[int, tuple]], settings: KoiSettings,
+                      catalog: Catalog) -> list[OutcomeObservation]:
+    """``observations`` with each online one's pass curves (``koi.predictor.passes``):
+    its means predicted along the pass multipliers, for the store to invert."""
+    X = build_inputs([pair for _, pair in online], catalog, settings.calibration)
+    curves = pass_curves(X, lambda M: evaluate_matrix(M, backend=settings.backend))
+    out = list(observations)
+    for j, (i, _) in enumerate(online):
+        out[i] = replace(out[i], curves={o: tuple(float(v) for v in c[j])
+                                         for o, c in curves.items()})
+    return out
 
 
 def learn_from(observations: Sequence[OutcomeObservation], beliefs: BeliefStore,
@@ -444,18 +465,29 @@ def _robustness(beliefs: BeliefStore, calibrator: DroCalibrator, settings: KoiSe
             tuple(attribute(o, mediators, beliefs.regimes) for o in LEARNT_OUTCOMES)
         key = (p.config, regime)
         if key not in cache:
-            # the SLOs are p95s: their multipliers carry the scope's tail factor
-            mult = beliefs.correction(scope_of(p.config, catalog), mediators) \
-                if settings.use_beliefs \
-                else {"ttft_p95": 1.0, "tpot_p95": 1.0, "tpot": 1.0, "throughput": 1.0}
-            cache[key] = Robustness(ttft_mult=mult["ttft_p95"], tpot_mult=mult["tpot_p95"],
-                                    tput_mult=mult["throughput"], service_mult=mult["tpot"],
-                                    radius_ttft=radii.get("ttft_p95", 0.0),
-                                    radius_tpot=radii.get("tpot_p95", 0.0),
-                                    radius_tput=radii.get("throughput", 0.0))
+            learnt = _corrections(beliefs, scope_of(p.config, catalog), mediators) \
+                if settings.use_beliefs else Robustness()
+            cache[key] = replace(learnt, radius_ttft=radii.get("ttft_p95", 0.0),
+                                 radius_tpot=radii.get("tpot_p95", 0.0),
+                                 radius_tput=radii.get("throughput", 0.0))
         return cache[key]
 
     return robustness
+
+
+def _corrections(beliefs: BeliefStore, scope: Scope,
+                 mediators: Mapping[str, float] | None) -> Robustness:
+    """The learnt corrections of a candidate (no radii): online (``mediators`` None) its
+    pass multipliers and tail factors (``BeliefStore.online_correction``); batch the
+    outcome multipliers of the regime ``mediators`` put it in. The SLOs are p95s, so
+    the latency multipliers are the p95s'."""
+    if mediators is None:
+        m = beliefs.online_correction(scope)
+        return Robustness(ttft_mult=m["ttft_p95"], tpot_mult=m["tpot_p95"],
+                          tput_mult=m["throughput"], pass_mult=m["pass"])
+    mult = beliefs.correction(scope, mediators)
+    return Robustness(ttft_mult=mult["ttft_p95"], tpot_mult=mult["tpot_p95"],
+                      tput_mult=mult["throughput"])
 
 
 # margins closer than this (log) to the previous level's on both SLOs add no choice

@@ -244,7 +244,9 @@ def observation_to_proto(o: OutcomeObservation) -> bus_pb2.CausalObservation:
     return bus_pb2.CausalObservation(deployment_id=o.deployment_id, job_id=o.job_id,
                                      tick=o.tick, scope=scope_to_proto(o.scope),
                                      predicted=dict(o.predicted), observed=dict(o.observed),
-                                     weight=o.weight)
+                                     weight=o.weight,
+                                     curves={k: bus_pb2.PassCurve(log_ms=list(v))
+                                             for k, v in o.curves.items()})
 
 
 def observation_from_proto(msg: bus_pb2.CausalObservation, path: str = ""
@@ -254,7 +256,8 @@ def observation_from_proto(msg: bus_pb2.CausalObservation, path: str = ""
         job_id=msg.job_id, tick=msg.tick,
         scope=scope_from_proto(_message(msg, "scope", path)),
         predicted=_sorted_dict(msg.predicted), observed=_sorted_dict(msg.observed),
-        weight=msg.weight)
+        weight=msg.weight,
+        curves={k: tuple(msg.curves[k].log_ms) for k in sorted(msg.curves)})
 
 
 def encode_observations(tick: int, observations: Sequence[OutcomeObservation]) -> bytes:
