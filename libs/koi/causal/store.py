@@ -171,9 +171,8 @@ class BeliefStore:
             return out
         # an online observation: its means re-predicted on the learnt pass (along its
         # curves), TTFT times the learnt TTFT multiplier, p95s times the tail factors
-        theta = self.lookup(attribute("tpot", None, self.regimes), obs.scope,
-                            min_support).mean
         online = self.online_correction(obs.scope, min_support)
+        theta = math.log(online["pass"])
         tails = tail_residuals(obs)
         for outcome, extra in (("tpot", 1.0), ("ttft", online["ttft"])):
             r = curve_residual(obs, outcome, theta)
@@ -185,6 +184,13 @@ class BeliefStore:
                 out[p95] = out[outcome] + tails[p95] \
                     - math.log(self.tail(p95, obs.scope, min_support).multiplier)
         return out
+
+    def candidate_correction(self, scope: Scope, mediators: Mapping[str, float] | None
+                             ) -> dict[str, float]:
+        """A candidate's corrections: online (``mediators`` None) ``online_correction``;
+        batch ``correction`` in the regime its saturated ``mediators`` put it in."""
+        return self.online_correction(scope) if mediators is None \
+            else self.correction(scope, mediators)
 
     def online_correction(self, scope: Scope, min_support: int = LOOKUP_MIN_SUPPORT
                           ) -> dict[str, float]:

@@ -206,13 +206,9 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
     if not pairs:
         return Evaluated.empty()
     run = kernel or (lambda X: evaluate_matrix(X, backend=backend))
-    X = build_inputs(pairs, cat, cal)
     # batch rows are corrected after the kernel, in their saturated regime (below)
     online = np.array([not loads[p.job_id].batch for p in proposals])
-    pass_mult = np.where(online, [r.pass_mult for r in rob], 1.0)
-    if np.any(pass_mult != 1.0):
-        X = scale_passes(X, pass_mult)
-    Y = run(X)
+    Y = run(learnt_inputs(pairs, np.where(online, [r.pass_mult for r in rob], 1.0), cat, cal))
     if robustness is not None:
         # batch: no SLO to tighten, so the regime's throughput correction can come after
         for i, p in enumerate(proposals):
@@ -232,6 +228,14 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
         Yn = run(build_inputs(nominal, cat, cal))
         ev.nominal_max_rate_rps[idx] = Yn[OUT["max_rate_slo"]]
     return ev
+
+
+def learnt_inputs(pairs: Sequence[tuple], pass_mult: np.ndarray, catalog: Catalog,
+                  calibration: Calibration | None) -> np.ndarray:
+    """Kernel inputs of (config, workload) ``pairs`` on their learnt passes (``pass_mult``
+    per pair; 1 = as the model has them), as online candidates are predicted."""
+    X = build_inputs(pairs, catalog, calibration)
+    return scale_passes(X, pass_mult) if np.any(pass_mult != 1.0) else X
 
 
 def _score(proposals: tuple[Proposal, ...], pairs: list[tuple], rob: list[Robustness],

@@ -20,13 +20,11 @@ from koi.catalog import Catalog
 from koi.causal.scope import scope_of
 from koi.causal.store import BeliefStore
 from koi.compose import ComposePlan
-from koi.planner.evaluate import Evaluated, JobLoad, Robustness
+from koi.planner.evaluate import Evaluated, JobLoad, Robustness, learnt_inputs
 from koi.planner.propose import Proposal
 from koi.predictor.api import evaluate_matrix
 from koi.predictor.calibration import Calibration
 from koi.predictor.columns import OUT
-from koi.predictor.features import build_inputs
-from koi.predictor.passes import scale_passes
 from koi.predictor.types import LoadMode, Workload
 
 
@@ -107,8 +105,7 @@ def explain_choices(plan: ComposePlan, ev: Evaluated, beliefs: BeliefStore,
         scope = scope_of(p.config, catalog)
         # a batch candidate's corrections are those of its saturated regime (evaluate)
         regime = ev.mediators(i) if loads[c.job_id].batch else None
-        mult = ({} if not use_beliefs else beliefs.correction(scope, regime)
-                if regime is not None else beliefs.online_correction(scope))
+        mult = beliefs.candidate_correction(scope, regime) if use_beliefs else {}
         rate, ttft, tpot = at_plan.get(c.job_id, (0.0, 0.0, 0.0))
         mechs = beliefs.applicable_mechanisms([scope]) if use_beliefs else ()
         out.append(Explanation(
@@ -163,10 +160,8 @@ def _robust_p95_at_plan(plan: ComposePlan, ev: Evaluated, loads: Mapping[str, Jo
                                          mode=LoadMode.RATE, load=rate)))
     if not pairs:
         return {}
-    # on the learnt passes, as the evaluator predicts online candidates
-    X = scale_passes(build_inputs(pairs, catalog, calibration),
-                     np.array([r.pass_mult for r in robust]))
-    Y = evaluate_matrix(X, backend=backend)
+    Y = evaluate_matrix(learnt_inputs(pairs, np.array([r.pass_mult for r in robust]),
+                                      catalog, calibration), backend=backend)
     return {job: (rate, float(Y[OUT["ttft_p95"], j]) * 1e3 * r.ttft_factor,
                   float(Y[OUT["tpot_p95"], j]) * 1e3 * r.tpot_factor)
             for j, ((job, rate), r) in enumerate(zip(jobs, robust, strict=True))}

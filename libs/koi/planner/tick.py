@@ -479,15 +479,12 @@ def _corrections(beliefs: BeliefStore, scope: Scope,
                  mediators: Mapping[str, float] | None) -> Robustness:
     """The learnt corrections of a candidate (no radii): online (``mediators`` None) its
     pass multipliers and tail factors (``BeliefStore.online_correction``); batch the
-    outcome multipliers of the regime ``mediators`` put it in. The SLOs are p95s, so
-    the latency multipliers are the p95s'."""
-    if mediators is None:
-        m = beliefs.online_correction(scope)
-        return Robustness(ttft_mult=m["ttft_p95"], tpot_mult=m["tpot_p95"],
-                          tput_mult=m["throughput"], pass_mult=m["pass"])
-    mult = beliefs.correction(scope, mediators)
-    return Robustness(ttft_mult=mult["ttft_p95"], tpot_mult=mult["tpot_p95"],
-                      tput_mult=mult["throughput"])
+    outcome multipliers of the regime ``mediators`` put it in
+    (``BeliefStore.candidate_correction``). The SLOs are p95s, so the latency multipliers
+    are the p95s'."""
+    m = beliefs.candidate_correction(scope, mediators)
+    return Robustness(ttft_mult=m["ttft_p95"], tpot_mult=m["tpot_p95"],
+                      tput_mult=m["throughput"], pass_mult=m.get("pass", 1.0))
 
 
 # margins closer than this (log) to the previous level's on both SLOs add no choice
