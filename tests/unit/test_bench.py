@@ -195,3 +195,54 @@ def test_cli_matrix_writes_a_list(scenario_file: Path, tmp_path: Path) -> None:
     assert isinstance(runs, list) and [r["seed"] for r in runs] == [1, 2]
     assert "±" in (out / "table.md").read_text()
     assert not list(out.glob("*.png"))   # plots only on request for a matrix
+
+
+# --- per job (--jobs) --------------------------------------------------------------------
+
+def test_job_activity_counts_gpu_hours_by_family_and_events() -> None:
+    """Two 30-minute ticks then a last one cut at the horizon (15 minutes): a job with 8
+    hopper GPUs, then 4 hopper + 2 ampere, then none; its events counted by kind; a job
+    that only has events (rejected) still gets a row."""
+    from koi.bench.jobs import job_activity
+    from koi.records import EventRecord, JobOutcome, RunRecord, TickRecord
+
+    record = RunRecord(
+        "s", "p", 1, horizon_s=4500.0, tick_s=1800.0, spend_usd=0.0,
+        jobs=(JobOutcome("a", "online", "m", True, True, False),
+              JobOutcome("b", "batch", "m", True, False, True)),
+        timeline=(TickRecord(0, 0.0, 0.0, gpus_by_job={"a": {"hopper": 8}}),
+                  TickRecord(1, 1800.0, 0.0, gpus_by_job={"a": {"hopper": 4, "ampere": 2}}),
+                  TickRecord(2, 3600.0, 0.0, gpus_by_job={})),
+        events=(EventRecord(0.0, 0, "launch", "a"), EventRecord(1800.0, 1, "swap", "a"),
+                EventRecord(1800.0, 1, "scale", "a"), EventRecord(1900.0, 1, "scale", "a"),
+                EventRecord(0.0, 0, "reject", "b")))
+    got = job_activity(record)
+    assert got["a"].gpu_hours == pytest.approx({"hopper": 8 * 0.5 + 4 * 0.5, "ampere": 1.0})
+    assert got["a"].total_gpu_hours == pytest.approx(7.0)
+    assert got["a"].events == {"launch": 1, "scale": 2, "swap": 1}
+    assert got["a"].moves() == "swap 1 · scale 2"
+    assert got["b"].gpu_hours == {} and got["b"].events == {"reject": 1}
+
+
+def test_cli_jobs_writes_a_per_job_table_csv_and_json(scenario_file: Path,
+                                                      tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    res = CliRunner().invoke(app, ["bench", "--scenario", str(scenario_file), "--policy",
+                                   POLICY, "--jobs", "--no-plots", "--json",
+                                   str(out / "run.json"), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "Per job" in res.output and "chat-8b" in res.output
+    lines = (out / "jobs.csv").read_text().splitlines()
+    assert lines[0].startswith("scenario,policy,seed,job,kind")
+    assert sorted(line.split(",")[3] for line in lines[1:]) == ["batch-8b", "chat-8b"]
+    jobs = {j["job_id"]: j for j in json.loads((out / "run.json").read_text())["metrics"]["jobs"]}
+    assert jobs.keys() == {"batch-8b", "chat-8b"}
+    chat = jobs["chat-8b"]
+    assert chat["events"].get("launch") == 1 and sum(chat["gpu_hours_by_family"].values()) > 0
+    # without --jobs the JSON has no per-job rows (the default output is unchanged)
+    plain = tmp_path / "plain"
+    CliRunner().invoke(app, ["bench", "--scenario", str(scenario_file), "--policy", POLICY,
+                             "--no-plots", "--json", str(plain / "run.json"), "--out",
+                             str(plain)])
+    assert "jobs" not in json.loads((plain / "run.json").read_text())["metrics"]
+    assert not (plain / "jobs.csv").exists()

@@ -17,7 +17,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from rich.table import Table
 
@@ -167,12 +167,21 @@ def _finite(x: Any) -> Any:
 def run_json(result: RunResult, *, jobs: bool = False) -> dict[str, Any]:
     """``{scenario, policy, seed, wall_s, sample_fraction, metrics{…}, policy_failures}``.
 
-    ``metrics`` holds every ``RunMetrics`` field (per-job rows only with ``jobs=True``);
-    non-finite numbers (``$/token`` with nothing served) are ``null``.
+    ``metrics`` holds every ``RunMetrics`` field (per-job rows only with ``jobs=True``,
+    each with the GPU-hours the job held by family and its event counts by kind,
+    ``koi.bench.jobs.job_activity``); non-finite numbers (``$/token`` with nothing
+    served) are ``null``.
     """
     m = result.metrics.to_dict()
-    if not jobs:
-        m.pop("jobs", None)
+    rows = cast(list[dict[str, Any]], m.pop("jobs"))
+    if jobs:
+        from koi.bench.jobs import job_activity
+
+        activity = job_activity(result.record)
+        m["jobs"] = rows
+        for row in rows:
+            a = activity[row["job_id"]]
+            row["gpu_hours_by_family"], row["events"] = dict(a.gpu_hours), dict(a.events)
     return _finite({
         "scenario": result.scenario, "policy": result.policy, "seed": result.seed,
         "wall_s": result.wall_s, "sample_fraction": result.sample_fraction,

@@ -45,7 +45,8 @@ def parse_seeds(values: Sequence[str]) -> list[int]:
 
 def bench_command(console: Console, *, scenarios: list[str], policies: list[str],
                   seeds: list[int], json_out: Path | None, out: Path,
-                  sample_fraction: float | None, plots: bool | None) -> None:
+                  sample_fraction: float | None, plots: bool | None,
+                  jobs: bool = False) -> None:
     from koi.bench.report import results_json, run_json
     from koi.bench.runner import RunProgress, run_matrix
     from koi.policies import policy_names
@@ -79,7 +80,7 @@ def bench_command(console: Console, *, scenarios: list[str], policies: list[str]
 
     def on_result(res: RunResult) -> None:  # partial results survive an interrupted matrix
         with jsonl.open("a") as fh:
-            fh.write(json.dumps(run_json(res)) + "\n")
+            fh.write(json.dumps(run_json(res, jobs=jobs)) + "\n")
         if plot_each:
             from koi.bench.plots import write_plots
 
@@ -105,10 +106,12 @@ def bench_command(console: Console, *, scenarios: list[str], policies: list[str]
                              progress=progress, on_result=on_result)
 
     _print_and_write(console, results, out)
+    if jobs:
+        _print_and_write_jobs(console, results, out)
     if plot_each:
         console.print(f"plots: {out}/<scenario>-<policy>-s<seed>-{{gpus,slo,cost}}.png")
     if json_out is not None:
-        text = json.dumps(results_json(results), indent=2)
+        text = json.dumps(results_json(results, jobs=jobs), indent=2)
         if str(json_out) == "-":
             print(text)
         else:
@@ -121,9 +124,7 @@ def _print_and_write(console: Console, results: Sequence[RunResult], out: Path) 
     from koi.bench.report import csv_text, markdown_table, rich_table, summarise
 
     rows = summarise(results)
-    # a pipe or a log file gets the full table, not one squeezed into 80 columns
-    wide = console if console.is_terminal else Console(file=console.file, width=220)
-    wide.print(rich_table(rows))
+    _wide(console).print(rich_table(rows))
     for r in results:
         if r.policy_failures:
             f = r.policy_failures[0]
@@ -133,6 +134,20 @@ def _print_and_write(console: Console, results: Sequence[RunResult], out: Path) 
     (out / "table.md").write_text(markdown_table(rows))
     (out / "table.csv").write_text(csv_text(rows))
     console.print(f"table: {out / 'table.md'}, {out / 'table.csv'}; runs: {out / 'runs.jsonl'}")
+
+
+def _print_and_write_jobs(console: Console, results: Sequence[RunResult], out: Path) -> None:
+    from koi.bench.jobs import job_rows, jobs_csv, jobs_rich_table
+
+    rows = job_rows(results)
+    _wide(console).print(jobs_rich_table(rows))
+    (out / "jobs.csv").write_text(jobs_csv(rows))
+    console.print(f"per job: {out / 'jobs.csv'}")
+
+
+def _wide(console: Console) -> Console:
+    """A pipe or a log file gets the full table, not one squeezed into 80 columns."""
+    return console if console.is_terminal else Console(file=console.file, width=220)
 
 
 def _fail(console: Console, message: str, hint: str) -> None:

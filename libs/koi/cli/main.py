@@ -91,6 +91,9 @@ def bench(
                                ] = None,
     plots: Annotated[bool | None, Opt("--plots/--no-plots", help="PNG figures per run"
                                       " (default: only for a single run).")] = None,
+    jobs: Annotated[bool, Opt("--jobs/--no-jobs", help="Also a per-job table (SLO met,"
+                              " batch progress, GPU-hours by family, swaps / relaunches /"
+                              " scales), jobs.csv, and per-job rows in the JSON.")] = False,
 ) -> None:
     """Run policies through simulated scenarios: the preprint's table columns, mean ±
     half-range over seeds, as a rich table, markdown and CSV."""
@@ -102,7 +105,8 @@ def bench(
                   scenarios=[*(scenario or []), *split_list([scenarios or ""])],
                   policies=[*(policy or []), *split_list([policies or ""])],
                   seeds=[*(seed or []), *parse_seeds(split_list([seeds or ""]))],
-                  json_out=json_out, out=out, sample_fraction=sample_fraction, plots=plots)
+                  json_out=json_out, out=out, sample_fraction=sample_fraction, plots=plots,
+                  jobs=jobs)
 
 
 @bench_app.command("predictor")
