@@ -38,6 +38,7 @@ from typing import Any
 
 from koi.causal.observe import OutcomeObservation
 from koi.causal.scope import Scope
+from koi.compress import inflate
 from koi.predictor.types import Prediction
 
 FORMAT = "koi.calibrate/2"
@@ -271,7 +272,7 @@ class DroCalibrator:
     @staticmethod
     def from_bytes(data: bytes) -> DroCalibrator:
         """Reads this format and ``koi.calibrate/1`` (which kept no observations)."""
-        doc = json.loads(zlib.decompress(data))
+        doc = json.loads(inflate(data))
         if doc.pop("format", None) not in FORMATS_READ:
             raise ValueError(f"not a {FORMAT} document")
         return DroCalibrator(

@@ -29,3 +29,23 @@ class InvalidSpecError(KoiError, ValueError):
         self.source = source
         where = f"{source}: " if source else ""
         super().__init__(f"{where}{field}: {reason}")
+
+
+# What one error may show of each part, whatever the input held: a field path, the
+# reason (which may quote a value) and the source (a file name, a subject).
+MAX_FIELD_CHARS, MAX_REASON_CHARS, MAX_SOURCE_CHARS = 200, 600, 300
+
+
+def bounded_spec_error(field: str, reason: str, source: str = "") -> InvalidSpecError:
+    """An ``InvalidSpecError`` whose message is one line of bounded length (control
+    characters escaped, each part capped): what every loader and decoder raises."""
+    from koi.safe_text import printable
+
+    return InvalidSpecError(printable(field, MAX_FIELD_CHARS),
+                            printable(reason, MAX_REASON_CHARS),
+                            source=printable(source, MAX_SOURCE_CHARS))
+
+
+def bounded(e: InvalidSpecError) -> InvalidSpecError:
+    """``e`` made one bounded line (``bounded_spec_error``)."""
+    return bounded_spec_error(e.field, e.reason, e.source)

@@ -1,7 +1,9 @@
 """Where Koi's files live: the repository root and the shared public-data directory.
 
 The shared data (``perf_measurements.csv``, traces, hardware notes) sits beside the
-repository as ``../shared/data``; ``KOI_SHARED_DATA`` overrides it. No other logic here.
+repository as ``../shared/data``; ``KOI_SHARED_DATA`` overrides it. Job trace files are
+read only from the traces directory (``KOI_TRACES_DIR``, else the shared data's
+``traces/``) and, by ``shared:`` name, from the shared data directory. No other logic here.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 SHARED_DATA_ENV = "KOI_SHARED_DATA"
+TRACES_ENV = "KOI_TRACES_DIR"
 
 
 def _candidates() -> list[Path]:
@@ -35,3 +38,13 @@ def shared_data_dir() -> Path:
         raise FileNotFoundError(f"shared data directory not found (looked in {looked}); "
                                 f"set {SHARED_DATA_ENV}")
     return found
+
+
+def traces_dir() -> Path | None:
+    """The directory job traces are read from: ``$KOI_TRACES_DIR``, else the shared data
+    directory's ``traces/``; None when there is neither."""
+    env = os.environ.get(TRACES_ENV)
+    if env:
+        return Path(env)
+    shared = find_shared_data_dir()
+    return shared / "traces" if shared is not None else None

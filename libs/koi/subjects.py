@@ -64,6 +64,12 @@ KEY_CAUSAL_STATE = "state"
 KEY_LATEST_PLAN = "latest"
 KEY_PLACER_LEASE = "placer"
 
+# --- object store ----------------------------------------------------------------------
+# payloads larger than the server's max_payload (services/runtime/blobs.py); a message
+# or KV value then carries only a reference to an object here
+OBJ_BLOBS = "koi_blobs"          # stream messages' payloads; 24 h, as the streams
+OBJ_KV_BLOBS = "koi_kv_blobs"    # KV values' payloads; kept while their key refers to them
+
 STREAMS: dict[str, tuple[str, ...]] = {
     STREAM_JOBS: STREAM_JOBS_SUBJECTS,
     STREAM_TELEMETRY: STREAM_TELEMETRY_SUBJECTS,
@@ -113,8 +119,9 @@ def telemetry_subject(tick: int) -> str:
 
 
 def job_accepted_subject(job_id: str) -> str:
-    # job ids may hold '.', which would split the subject: map it to '_'
-    return f"{JOBS_ACCEPTED_PREFIX}.{token(job_id.replace('.', '_'))}"
+    # job ids are DNS-1123 labels (koi.jobs.bounds), so one id is one token, unmapped:
+    # 'dot.b' and 'dot_b' can no longer land on the same subject
+    return f"{JOBS_ACCEPTED_PREFIX}.{token(job_id)}"
 
 
 def event_subject(severity: str, kind: str) -> str:

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from koi.catalog import load_catalog
-from koi.jobs import Arrival, BatchJob, LengthDist, OnlineJob, Slo
+from koi.jobs import Arrival, BatchJob, LengthDist, OnlineJob, Slo, bounds
 from koi.predictor.types import LoadMode, Prediction, Workload
 from koi.space import DeploymentConfig, config_hash
 from koi.wire import (
@@ -105,37 +105,45 @@ def test_prediction_round_trip_is_lossless(p: Prediction) -> None:
 
 # --- jobs ----------------------------------------------------------------------------------
 
-job_ids = st.from_regex(r"[a-z0-9][a-z0-9._-]{0,20}", fullmatch=True)
+# every value within the admission bounds (koi.jobs.bounds), up to them
+job_ids = st.from_regex(bounds.ID_PATTERN, fullmatch=True).filter(
+    lambda s: len(s) <= bounds.MAX_ID_LEN)
 models = st.sampled_from(sorted(CATALOG.models))
+rates = st.floats(1e-6, bounds.MAX_RATE_RPS)
+times = st.floats(0.0, bounds.MAX_HORIZON_S)
 arrivals = st.one_of(
-    st.builds(Arrival.poisson, st.floats(1e-6, 1e6)),
-    st.builds(Arrival.diurnal, st.floats(1e-6, 1e6), st.floats(1.0, 1000.0),
-              period_s=st.floats(1.0, 1e7), phase_s=st.floats(-1e7, 1e7)),
+    st.builds(Arrival.poisson, rates),
+    st.builds(Arrival.diurnal, rates, st.floats(1.0, 1000.0),
+              period_s=st.floats(1.0, bounds.MAX_HORIZON_S),
+              phase_s=st.floats(-bounds.MAX_HORIZON_S, bounds.MAX_HORIZON_S)),
 )
+# input + output of one request stays within MAX_REQUEST_TOKENS
+MAX_LEN = bounds.MAX_REQUEST_TOKENS // 2
 
 
 @st.composite
 def lengths(draw: st.DrawFn) -> LengthDist:
     lo = draw(st.integers(1, 64))
-    hi = draw(st.integers(lo + 1, 1 << 20))
+    hi = draw(st.integers(lo + 1, MAX_LEN))
     kind = draw(st.sampled_from(["fixed", "lognormal", "empirical"]))
     if kind == "fixed":
         return LengthDist("fixed", float(draw(st.integers(lo, hi))), min=lo, max=hi)
     if kind == "lognormal":
-        return LengthDist.lognormal(draw(st.floats(1.0, 1e6)),
+        return LengthDist.lognormal(draw(st.floats(1.0, MAX_LEN)),
                                     draw(st.floats(0.01, 5.0)), min=lo, max=hi)
-    values = draw(st.lists(st.integers(1, 1 << 20), min_size=1, max_size=20))
+    values = draw(st.lists(st.integers(1, MAX_LEN), min_size=1, max_size=20))
     return LengthDist.empirical(values, min=lo, max=draw(st.none() | st.just(hi)))
 
 
-slos = st.builds(Slo, ttft_ms=st.floats(1e-3, 3.6e6), tpot_ms=st.floats(1e-3, 6e4),
+slos = st.builds(Slo, ttft_ms=st.floats(bounds.MIN_TTFT_MS, bounds.MAX_TTFT_MS),
+                 tpot_ms=st.floats(bounds.MIN_TPOT_MS, bounds.MAX_TPOT_MS),
                  percentile=st.floats(50.0, 100.0, exclude_min=True, exclude_max=True))
 
 
 @st.composite
 def online_jobs(draw: st.DrawFn) -> OnlineJob:
-    submit = draw(st.floats(0.0, 1e7))
-    end = draw(st.none() | st.floats(submit + 1.0, 2e7))
+    submit = draw(st.floats(0.0, bounds.MAX_HORIZON_S - 1.0))
+    end = draw(st.none() | st.floats(submit + 1.0, bounds.MAX_HORIZON_S))
     return OnlineJob(id=draw(job_ids), model=draw(models), arrival=draw(arrivals),
                      input_len=draw(lengths()), output_len=draw(lengths()), slo=draw(slos),
                      priority=draw(st.integers(0, 9)), prefix_share=draw(st.floats(0.0, 1.0)),
@@ -144,9 +152,10 @@ def online_jobs(draw: st.DrawFn) -> OnlineJob:
 
 
 batch_jobs = st.builds(BatchJob, id=job_ids, model=models,
-                       num_requests=st.integers(1, 10**12), input_len=lengths(),
-                       output_len=lengths(), deadline_s=st.floats(1e-3, 1e9),
-                       submit_s=st.floats(0.0, 1e7), priority=st.integers(0, 9))
+                       # 10**10 requests of at most MAX_REQUEST_TOKENS: < MAX_BATCH_TOKENS
+                       num_requests=st.integers(1, 10**10), input_len=lengths(),
+                       output_len=lengths(), deadline_s=st.floats(1e-3, bounds.MAX_HORIZON_S),
+                       submit_s=times, priority=st.integers(0, 9))
 
 
 @settings(max_examples=200, deadline=None)

@@ -288,7 +288,9 @@ def test_online_job_defaults_round_trip() -> None:
     assert not job_to_proto(job).online.HasField("end_s")
 
 
-def test_trace_job_round_trips_with_trace_columns(tmp_path: Path) -> None:
+def test_trace_job_round_trips_with_trace_columns(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KOI_TRACES_DIR", str(tmp_path))  # decoding reads traces only there
     trace = load_trace(write_trace(tmp_path))
     job = online(Arrival.replay(trace, time_scale=0.5, loop=False),
                  input_len=LengthDist.empirical(trace.input_tokens, from_trace=True),
@@ -314,7 +316,7 @@ def test_example_jobs_round_trip(name: str) -> None:
 
 
 def test_batch_job_round_trips() -> None:
-    job = BatchJob(id="nightly.sum_1", model="llama-3.1-8b", num_requests=80_000,
+    job = BatchJob(id="nightly-sum-1", model="llama-3.1-8b", num_requests=80_000,
                    input_len=LengthDist.lognormal(3000.0, 0.8, max=32768),
                    output_len=LengthDist.fixed(250), deadline_s=28800.0, submit_s=3600.0,
                    priority=3)
@@ -409,7 +411,9 @@ def test_unknown_model_error_suggests_the_closest() -> None:
     assert "did you mean" in err.reason
 
 
-def test_bad_trace_file_error_names_file_and_line(tmp_path: Path) -> None:
+def test_bad_trace_file_error_names_file_and_line(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KOI_TRACES_DIR", str(tmp_path))
     p = tmp_path / "bad.csv"
     p.write_text("ts_s,input_tokens,output_tokens\n0,10,1\n1,zero,1\n")
     err = bad_job(lambda m: setattr(m.online.arrival.trace, "path", str(p)))

@@ -238,7 +238,12 @@ ERRORS = [
      "fleet[1].market", "did you mean spot?"),
     ("h100-sxm/on_demand, gpus: 16}", "h100-sxm/on_demand, gpus: 12}",
      "fleet[0].gpus", "not a whole number of aws/us-east-1/h100-sxm/on_demand instances"),
-    ("h100-sxm/on_demand, gpus: 16}", "h100-sxm/on_demand, gpus: 0}", "fleet[0].gpus", ">= 1"),
+    ("h100-sxm/on_demand, gpus: 16}", "h100-sxm/on_demand, gpus: 0}", "fleet[0].gpus",
+     "in 1..1,000,000"),
+    ("h100-sxm/on_demand, gpus: 16}", "h100-sxm/on_demand, gpus: 1.0e+308}", "fleet[0].gpus",
+     "in 1..1,000,000 (got 1e+308)"),
+    ("delta_gpus: -2,", "delta_gpus: -8.0e+12,", "capacity_events[0].delta_gpus",
+     "within ±1,000,000"),
     ("  - {offering: aws/us-east-1/l4/spot, gpus: 4}",
      "  - {offering: aws/us-east-1/l4/spot, gpus: 4}\n  - {offering: aws/us-east-1/l4/spot, gpus: 2}",
      "fleet[2].offering", "already in fleet[1]"),
@@ -294,7 +299,9 @@ def test_missing_section_points_at_the_document(tmp_path: Path) -> None:
         load_scenario(path)
 
 
-def test_trace_with_bad_row_reports_trace_line_and_field(tmp_path: Path) -> None:
+def test_trace_with_bad_row_reports_trace_line_and_field(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KOI_TRACES_DIR", str(tmp_path))  # traces resolve only there
     trace = tmp_path / "bad.csv"
     trace.write_text("ts_s,input_tokens,output_tokens\n0.0,100,20\n1.5,200,abc\n",
                      encoding="utf-8")
@@ -307,7 +314,7 @@ def test_trace_with_bad_row_reports_trace_line_and_field(tmp_path: Path) -> None
     message = str(info.value)
     line = _line_of(text, "arrival: {trace: bad.csv")
     assert message.startswith(f"{path} line {line}: jobs[2].arrival.trace: "), message
-    assert f"{trace} line 3: output_tokens: 'abc' is not an integer" in message
+    assert f"{trace.resolve()} line 3: output_tokens: not an integer" in message
 
 
 def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:

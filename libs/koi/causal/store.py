@@ -38,6 +38,7 @@ from koi.causal.observe import (
     tail_residuals,
 )
 from koi.causal.scope import GLOBAL, Scope, contains, generalisations
+from koi.compress import inflate
 from koi.predictor.types import Prediction
 
 FORMAT = "koi.causal/1"
@@ -242,7 +243,7 @@ class BeliefStore:
 
     @staticmethod
     def from_bytes(data: bytes) -> BeliefStore:
-        doc = json.loads(zlib.decompress(data))
+        doc = json.loads(inflate(data))
         if doc.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} document: format={doc.get('format')!r}")
         return _decode(doc)

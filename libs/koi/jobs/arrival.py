@@ -16,9 +16,10 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from koi.errors import InvalidSpecError
+from koi.jobs import bounds as B
 from koi.jobs._fields import check_bounds, meta, spec_field
 from koi.jobs.lengths import LengthDist
-from koi.jobs.trace import Trace, load_trace
+from koi.jobs.trace import Trace, load_trace, resolve_trace_path
 
 ARRIVAL_KINDS = ("rate", "diurnal", "trace")
 # Fields that belong to each kind; the others must keep their defaults.
@@ -35,16 +36,21 @@ class Arrival:
     """How an online job's requests arrive."""
 
     kind: str = field(metadata=meta("rate | diurnal | trace.", choices=ARRIVAL_KINDS))
-    rate_rps: float = spec_field(0.0, "Constant Poisson rate, requests/s (kind rate).", gt=0)
+    rate_rps: float = spec_field(0.0, "Constant Poisson rate, requests/s (kind rate).", gt=0,
+                                 le=B.MAX_RATE_RPS)
     mean_rps: float = spec_field(0.0, "Mean rate over a period, requests/s (kind diurnal).",
-                                 gt=0)
+                                 gt=0, le=B.MAX_RATE_RPS)
     peak_to_trough: float = spec_field(1.0, "Peak rate ÷ trough rate (kind diurnal).", ge=1,
                                        le=1000)
-    period_s: float = spec_field(86400.0, "Length of one cycle, s (kind diurnal).", gt=0)
-    phase_s: float = spec_field(0.0, "Time of the peak on the scenario clock, s (diurnal).")
-    trace_path: str = spec_field("", "Trace CSV (kind trace); 'shared:' = shared data dir.")
+    period_s: float = spec_field(86400.0, "Length of one cycle, s (kind diurnal).", ge=1,
+                                 le=B.MAX_HORIZON_S)
+    phase_s: float = spec_field(0.0, "Time of the peak on the scenario clock, s (diurnal).",
+                                ge=-B.MAX_HORIZON_S, le=B.MAX_HORIZON_S)
+    trace_path: str = spec_field("", "Trace CSV in the traces directory, or 'shared:<name>'"
+                                     " in the shared data directory (kind trace).")
     time_scale: float = spec_field(1.0, "Replayed time = trace time × time_scale; 0.5 replays"
-                                        " twice as fast (kind trace).", gt=0, le=1000)
+                                        " twice as fast (kind trace).", ge=B.MIN_TIME_SCALE,
+                                   le=B.MAX_TIME_SCALE)
     loop: bool = spec_field(True, "Start the trace over when it ends (kind trace).")
     trace: Trace | None = field(default=None, compare=False, repr=False,
                                 metadata=meta("Loaded trace rows (kind trace)."))
@@ -57,7 +63,12 @@ class Arrival:
             if not self.trace_path:
                 raise InvalidSpecError("trace_path", "a trace arrival needs a trace file")
             # Frozen, so load once here: a bad file fails at construction, not mid-run.
-            object.__setattr__(self, "trace", load_trace(self.trace_path))
+            trace = load_trace(resolve_trace_path(self.trace_path))
+            object.__setattr__(self, "trace", trace)
+        if self.kind == "trace" and self.mean_rate() > B.MAX_RATE_RPS:
+            raise InvalidSpecError("time_scale", f"the trace replays at {self.mean_rate():.4g}"
+                                                 f" req/s; at most {B.MAX_RATE_RPS:g} req/s"
+                                                 " per job: raise time_scale")
 
     def _check_unused_fields(self) -> None:
         # Another kind's fields would be silently ignored yet still change equality and
@@ -185,15 +196,14 @@ class Arrival:
         period = trace.loop_period_s * self.time_scale
         first = max(0, math.floor(lo / period))
         last = max(-1, math.ceil(hi / period))
-        times, rows = [], []
-        for k in range(first, last + 1):
-            shifted = rel + k * period
-            sel = np.flatnonzero((shifted >= lo) & (shifted < hi))
-            times.append(origin_s + shifted[sel])
-            rows.append(sel)
-        if not times:
+        if last < first:
             return np.empty(0, dtype=np.float64), np.empty(0, dtype=np.int64)
-        return np.concatenate(times), np.concatenate(rows)
+        # Every pass k at once, pass-major (as the passes replay): the bounded rate keeps
+        # passes × rows near the window's request count, and a short trace replayed fast
+        # needs many passes per tick, which a Python loop made slow.
+        shifted = rel[None, :] + (np.arange(first, last + 1) * period)[:, None]
+        sel = np.flatnonzero(((shifted >= lo) & (shifted < hi)).ravel())
+        return origin_s + shifted.ravel()[sel], sel % rel.size
 
 
 def _poisson(rng: np.random.Generator, rate: float, start_s: float, end_s: float) -> np.ndarray:

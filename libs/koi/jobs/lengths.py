@@ -16,11 +16,12 @@ import numpy as np
 
 from koi.errors import InvalidSpecError
 from koi.jobs._fields import check_bounds, meta, spec_field
+from koi.jobs.bounds import MAX_EMPIRICAL_VALUES, MAX_REQUEST_TOKENS
 
 LENGTH_KINDS = ("fixed", "lognormal", "empirical")
 DEFAULT_MIN_TOKENS = 1
 DEFAULT_MAX_TOKENS = 131_072
-MAX_TOKENS_LIMIT = 16_777_216
+MAX_TOKENS_LIMIT = MAX_REQUEST_TOKENS  # one request's tokens (koi.jobs.bounds)
 _NORMAL = NormalDist()
 Z99 = _NORMAL.inv_cdf(0.99)
 
@@ -31,10 +32,11 @@ class LengthDist:
 
     kind: str = field(metadata=meta("fixed | lognormal | empirical.", choices=LENGTH_KINDS))
     mean: float = spec_field(0.0, "Mean tokens; for lognormal, of the unclipped distribution.",
-                             gt=0)
+                             gt=0, le=MAX_TOKENS_LIMIT)
     sigma: float = spec_field(0.0, "Lognormal shape: standard deviation of ln(tokens).",
                               ge=0, le=5)
-    min: int = spec_field(DEFAULT_MIN_TOKENS, "Smallest length a sample can take.", ge=1)
+    min: int = spec_field(DEFAULT_MIN_TOKENS, "Smallest length a sample can take.", ge=1,
+                          le=MAX_TOKENS_LIMIT)
     max: int = spec_field(DEFAULT_MAX_TOKENS, "Largest length a sample can take.",
                           ge=1, le=MAX_TOKENS_LIMIT)
     values: tuple[int, ...] = spec_field((), "Empirical samples (kind empirical).", repr=False)
@@ -55,10 +57,7 @@ class LengthDist:
             raise InvalidSpecError("sigma", f"must be > 0 for a lognormal (got {self.sigma});"
                                             " use a fixed length instead")
         elif self.kind == "empirical":
-            if not self.values:
-                raise InvalidSpecError("values", "an empirical distribution needs >= 1 value")
-            if min(self.values) < 1:
-                raise InvalidSpecError("values", f"lengths must be >= 1 (got {min(self.values)})")
+            _check_values(self.values)
         if self.from_trace and self.kind != "empirical":
             raise InvalidSpecError("from_trace", "only an empirical distribution can come"
                                                  " from a trace")
@@ -79,9 +78,11 @@ class LengthDist:
                   from_trace: bool = False, min: int = DEFAULT_MIN_TOKENS,
                   max: int | None = None) -> LengthDist:
         """An empirical distribution; ``max`` defaults to cover every value given."""
+        if len(values) > MAX_EMPIRICAL_VALUES:  # before copying them
+            raise InvalidSpecError("values", f"at most {MAX_EMPIRICAL_VALUES} values"
+                                             f" (got {len(values)})")
         vals = tuple(int(v) for v in np.asarray(values, dtype=np.int64).ravel())
-        if not vals:
-            raise InvalidSpecError("values", "an empirical distribution needs >= 1 value")
+        _check_values(vals)
         top = max if max is not None else _max_of(DEFAULT_MAX_TOKENS, vals)
         return cls("empirical", float(np.mean(vals)), 0.0, min, top, vals, from_trace)
 
@@ -125,6 +126,19 @@ class LengthDist:
 
     def _array(self) -> np.ndarray:
         return np.asarray(self.values, dtype=np.int64)
+
+
+def _check_values(values: tuple[int, ...]) -> None:
+    if not values:
+        raise InvalidSpecError("values", "an empirical distribution needs >= 1 value")
+    if len(values) > MAX_EMPIRICAL_VALUES:
+        raise InvalidSpecError("values", f"at most {MAX_EMPIRICAL_VALUES} values"
+                                         f" (got {len(values)})")
+    lo, hi = min(values), max(values)
+    if lo < 1:
+        raise InvalidSpecError("values", f"lengths must be >= 1 (got {lo})")
+    if hi > MAX_TOKENS_LIMIT:
+        raise InvalidSpecError("values", f"lengths must be <= {MAX_TOKENS_LIMIT} (got {hi})")
 
 
 def _max_of(default: int, values: tuple[int, ...]) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 
 from koi.errors import InvalidSpecError
 from koi.jobs.arrival import Arrival
+from koi.jobs.bounds import MAX_EMPIRICAL_VALUES, MAX_REQUEST_TOKENS, check_id
 from koi.jobs.lengths import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_MIN_TOKENS,
@@ -24,9 +25,10 @@ from koi.jobs.lengths import (
     solve_lognormal,
 )
 from koi.jobs.spec import BatchJob, JobSpec, OnlineJob, Slo
-from koi.jobs.trace import SHARED_PREFIX, load_trace, resolve_trace_path
+from koi.jobs.trace import load_trace, resolve_trace_path
 
 _REQUIRED = object()
+_INT_LIMIT = 2**63 - 1  # what the wire's int64 carries; a larger one does not fit a float
 
 ONLINE_KEYS = ("kind", "id", "model", "arrival", "input_len", "output_len", "slo", "priority",
                "prefix_share", "submit_s", "end_s", "client_region")
@@ -148,7 +150,7 @@ def _infer_job_kind(data: dict[str, Any]) -> str | None:
 
 def _parse_online(ctx: Ctx, data: dict[str, Any]) -> OnlineJob:
     check_keys(ctx, data, ONLINE_KEYS)
-    job_id, model = string(ctx, data, "id"), model_id(ctx, data)
+    job_id, model = valid_id(ctx, data), model_id(ctx, data)
     arrival = parse_arrival(ctx.at("arrival"), require(ctx, data, "arrival"))
     default_len = "trace" if arrival.kind == "trace" else _REQUIRED
     slo_data = require(ctx, data, "slo")
@@ -168,7 +170,7 @@ def _parse_online(ctx: Ctx, data: dict[str, Any]) -> OnlineJob:
 
 def _parse_batch(ctx: Ctx, data: dict[str, Any]) -> BatchJob:
     check_keys(ctx, data, BATCH_KEYS)
-    job_id, model = string(ctx, data, "id"), model_id(ctx, data)
+    job_id, model = valid_id(ctx, data), model_id(ctx, data)
     input_len = parse_length(ctx.at("input_len"), data.get("input_len", _REQUIRED), None,
                              "input_tokens")
     output_len = parse_length(ctx.at("output_len"), data.get("output_len", _REQUIRED), None,
@@ -199,6 +201,16 @@ def parse_slo(ctx: Ctx, data: Any) -> Slo:
     return build(ctx, Slo, ttft_ms=number(ctx, data, "ttft_ms"),
                  tpot_ms=number(ctx, data, "tpot_ms"),
                  percentile=number(ctx, data, "percentile", 95.0))
+
+
+def valid_id(ctx: Ctx, data: dict[str, Any]) -> str:
+    """The job id, checked first: it is cheap, and a bad one need not load a trace."""
+    job_id = string(ctx, data, "id")
+    try:
+        check_id(job_id)
+    except InvalidSpecError as e:
+        raise ctx.error("id", e.reason) from None
+    return job_id
 
 
 def model_id(ctx: Ctx, data: dict[str, Any]) -> str:
@@ -244,15 +256,13 @@ def parse_arrival(ctx: Ctx, data: Any) -> Arrival:
                      phase_s=number(ctx, data, "phase_s", 0.0))
     ref = string(ctx, data, "trace")
     try:
-        path = resolve_trace_path(ref, ctx.base_dir)
-        trace = load_trace(path)
+        trace = load_trace(resolve_trace_path(ref))
     except InvalidSpecError as e:
         detail = f"{e.source}: {e.field}: {e.reason}" if e.source else e.reason
         raise ctx.error("trace", detail) from None
-    # Keep portable references as written; a relative path only means something next
-    # to its file, so store the resolved one.
-    stored = ref if ref.startswith(SHARED_PREFIX) or Path(ref).is_absolute() else str(path)
-    return build(ctx, Arrival, kind=kind, trace_path=stored, trace=trace,
+    # The reference is kept as written: it names a file in the traces (or shared data)
+    # directory wherever the job is decoded.
+    return build(ctx, Arrival, kind=kind, trace_path=ref, trace=trace,
                  time_scale=number(ctx, data, "time_scale", 1.0),
                  loop=boolean(ctx, data, "loop", True))
 
@@ -314,9 +324,12 @@ def _parse_values(ctx: Ctx, data: dict[str, Any]) -> LengthDist:
     values = data.get("values")
     if not isinstance(values, list) or not values:
         raise ctx.error("values", f"must be a non-empty list of token counts (got {_show(values)})")
+    if len(values) > MAX_EMPIRICAL_VALUES:
+        raise ctx.error("values", f"at most {MAX_EMPIRICAL_VALUES} values (got {len(values)})")
     for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ctx.error(f"values[{i}]", f"must be an integer >= 1 (got {_show(v)})")
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_REQUEST_TOKENS:
+            raise ctx.error(f"values[{i}]", f"must be an integer in [1, {MAX_REQUEST_TOKENS}]"
+                                            f" (got {_show(v)})")
     # max defaults to cover the values given, as for a trace column
     return build_empirical(ctx, values, min=number(ctx, data, "min", DEFAULT_MIN_TOKENS,
                                                    integer=True),
@@ -387,6 +400,8 @@ def number(ctx: Ctx, data: dict[str, Any], key: str, default: Any = _REQUIRED, *
         return None  # an explicit null where null is the default (e.g. end_s)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ctx.error(key, f"must be a number (got {_show(value)})")
+    if isinstance(value, int) and abs(value) > _INT_LIMIT:  # YAML ints are unbounded
+        raise ctx.error(key, f"must be at most {_INT_LIMIT} in size (got {_show(value)})")
     if not math.isfinite(value):
         raise ctx.error(key, f"must be a finite number (got {value})")
     if integer:

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from koi.errors import InvalidSpecError
+from koi.jobs import bounds as B
 from koi.jobs._fields import check_bounds, meta, spec_field
 from koi.jobs.arrival import Arrival
+from koi.jobs.bounds import check_id
 from koi.jobs.lengths import LengthDist
 
 JOB_KINDS = ("online", "batch")
@@ -26,8 +28,10 @@ DEFAULT_PRIORITY = 5
 class Slo:
     """Latency objectives, met when the given percentile of requests is within both."""
 
-    ttft_ms: float = field(metadata=meta("Time to first token objective, ms.", gt=0, le=3_600_000))
-    tpot_ms: float = field(metadata=meta("Time per output token objective, ms.", gt=0, le=60_000))
+    ttft_ms: float = field(metadata=meta("Time to first token objective, ms.",
+                                         ge=B.MIN_TTFT_MS, le=B.MAX_TTFT_MS))
+    tpot_ms: float = field(metadata=meta("Time per output token objective, ms.",
+                                         ge=B.MIN_TPOT_MS, le=B.MAX_TPOT_MS))
     percentile: float = spec_field(95.0, "Share of requests (%) that must meet both.",
                                    gt=50, lt=100)
 
@@ -39,7 +43,7 @@ class Slo:
 class OnlineJob:
     """A latency-sensitive service: requests arrive over time and must meet the SLO."""
 
-    id: str = field(metadata=meta("Unique job id: letters, digits, '.', '_', '-'."))
+    id: str = field(metadata=meta("Unique job id: a DNS-1123 label (a-z, 0-9, '-'; <= 63)."))
     model: str = field(metadata=meta("Model id from the catalog."))
     arrival: Arrival = field(metadata=meta("How requests arrive."))
     input_len: LengthDist = field(metadata=meta("Prompt tokens per request."))
@@ -48,13 +52,17 @@ class OnlineJob:
     priority: int = spec_field(DEFAULT_PRIORITY, "0..9; higher is more important.", ge=0, le=9)
     prefix_share: float = spec_field(0.0, "Share of prompt tokens in a prefix shared across"
                                           " requests (cacheable).", ge=0, le=1)
-    submit_s: float = spec_field(0.0, "When the job appears on the scenario clock, s.", ge=0)
-    end_s: float | None = spec_field(None, "When it stops; None = runs to the horizon.", ge=0)
+    submit_s: float = spec_field(0.0, "When the job appears on the scenario clock, s.", ge=0,
+                                 le=B.MAX_HORIZON_S)
+    end_s: float | None = spec_field(None, "When it stops; None = runs to the horizon.", ge=0,
+                                     le=B.MAX_HORIZON_S)
     client_region: str = spec_field("", "Where clients are (cloud/region); '' = anywhere.")
 
     def __post_init__(self) -> None:
-        check_bounds(self)
         check_id(self.id)
+        check_bounds(self)
+        B.check_text("client_region", self.client_region)
+        B.check_request_tokens(self.input_len, self.output_len)
         if self.end_s is not None and self.end_s <= self.submit_s:
             raise InvalidSpecError("end_s", f"must be > submit_s={self.submit_s:g}"
                                             f" (got {self.end_s:g})")
@@ -80,19 +88,23 @@ class OnlineJob:
 class BatchJob:
     """Offline work: a number of requests whose tokens must all be processed by a deadline."""
 
-    id: str = field(metadata=meta("Unique job id: letters, digits, '.', '_', '-'."))
+    id: str = field(metadata=meta("Unique job id: a DNS-1123 label (a-z, 0-9, '-'; <= 63)."))
     model: str = field(metadata=meta("Model id from the catalog."))
-    num_requests: int = field(metadata=meta("Requests in the batch.", ge=1, le=10**12))
+    num_requests: int = field(metadata=meta("Requests in the batch (their tokens <= 1e16).",
+                                            ge=1, le=10**12))
     input_len: LengthDist = field(metadata=meta("Prompt tokens per request."))
     output_len: LengthDist = field(metadata=meta("Generated tokens per request."))
     deadline_s: float = field(metadata=meta("Seconds after submit_s by which all must be done.",
-                                   gt=0))
-    submit_s: float = spec_field(0.0, "When the job appears on the scenario clock, s.", ge=0)
+                                            gt=0, le=B.MAX_HORIZON_S))
+    submit_s: float = spec_field(0.0, "When the job appears on the scenario clock, s.", ge=0,
+                                 le=B.MAX_HORIZON_S)
     priority: int = spec_field(DEFAULT_PRIORITY, "0..9; higher is more important.", ge=0, le=9)
 
     def __post_init__(self) -> None:
-        check_bounds(self)
         check_id(self.id)
+        check_bounds(self)
+        B.check_request_tokens(self.input_len, self.output_len)
+        B.check_batch_tokens(self.num_requests, self.input_len, self.output_len)
 
     @property
     def kind(self) -> str:
@@ -118,13 +130,3 @@ class BatchJob:
 
 
 JobSpec = OnlineJob | BatchJob
-
-
-def check_id(job_id: str) -> None:
-    """Ids become NATS subject tokens and file names, so keep them to a safe alphabet."""
-    if not isinstance(job_id, str) or not job_id:
-        raise InvalidSpecError("id", f"must be a non-empty string (got {job_id!r})")
-    ok = job_id[0].isalnum() and all(c.isalnum() or c in "._-" for c in job_id)
-    if not ok or not job_id.isascii() or len(job_id) > 63:
-        raise InvalidSpecError("id", f"{job_id!r} must be 1-63 ASCII letters, digits, '.', '_'"
-                                     " or '-', starting with a letter or digit")

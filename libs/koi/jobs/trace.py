@@ -1,9 +1,12 @@
 """Request traces: loading ``ts_s,input_tokens,output_tokens`` CSV files, and finding them.
 
-``load_trace`` validates every row and names the file and line of the first bad one;
-``resolve_trace_path`` turns a path written in a job file into a file on disk (relative
-to the job file, then the repo root; ``shared:`` prefixes the shared data directory).
-Only file reading here: no arrival logic, no YAML, no transport.
+``load_trace`` validates every row and names the file and line of the first bad one,
+never quoting the file's contents (a trace path once read ``/etc/passwd`` and echoed it).
+``resolve_trace_path`` turns a reference written in a job into a file, confined to the
+traces directory (``KOI_TRACES_DIR``, default the shared data's ``traces/``) or, for
+``shared:<name>``, the shared data directory: anything resolving elsewhere (absolute
+paths, ``..``, symlinks out) is refused before it is looked at, with the same answer
+whether or not it exists. Only file reading here: no arrival logic, no YAML, no transport.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from koi.errors import InvalidSpecError
-from koi.paths import REPO_ROOT, SHARED_DATA_ENV, find_shared_data_dir
+from koi.jobs.bounds import MAX_REQUEST_TOKENS, MAX_TRACE_BYTES, MAX_TRACE_ROWS
+from koi.paths import SHARED_DATA_ENV, TRACES_ENV, find_shared_data_dir, traces_dir
 
 TRACE_HEADER = ("ts_s", "input_tokens", "output_tokens")
 SHARED_PREFIX = "shared:"
@@ -86,6 +90,9 @@ def _stat(p: Path) -> os.stat_result:
         raise InvalidSpecError("trace", f"cannot read {p}: {e.strerror}", source=str(p)) from None
     if not p.is_file():
         raise InvalidSpecError("trace", f"{p} is not a file", source=str(p))
+    if stat.st_size > MAX_TRACE_BYTES:
+        raise InvalidSpecError("trace", f"{stat.st_size} bytes; a trace may hold at most"
+                                        f" {MAX_TRACE_BYTES}", source=str(p))
     return stat
 
 
@@ -93,14 +100,21 @@ def _stat(p: Path) -> os.stat_result:
 # sharing one Trace between jobs and callers is safe.
 @lru_cache(maxsize=32)
 def _load_cached(path: str, _mtime_ns: int, _size: int) -> Trace:
-    with open(path, newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None or tuple(c.strip() for c in header) != TRACE_HEADER:
-            got = ",".join(header) if header else "an empty file"
-            raise InvalidSpecError("header", f"must be exactly '{','.join(TRACE_HEADER)}'"
-                                             f" (got '{got}')", source=f"{path} line 1")
-        ts, inp, out = _read_rows(reader, path)
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, None)
+            if header is None or tuple(c.strip() for c in header) != TRACE_HEADER:
+                got = "an empty file" if not header else "another header"
+                raise InvalidSpecError("header", f"must be exactly '{','.join(TRACE_HEADER)}'"
+                                                 f" (got {got})", source=f"{path} line 1")
+            ts, inp, out = _read_rows(reader, path)
+    except UnicodeDecodeError:
+        raise InvalidSpecError("trace", "is not UTF-8 text (a binary file?)",
+                               source=path) from None
+    except csv.Error as e:  # e.g. a NUL byte or an over-long field
+        raise InvalidSpecError("trace", f"is not a CSV file ({type(e).__name__})",
+                               source=path) from None
     if not ts:
         raise InvalidSpecError("rows", "the trace has a header but no rows", source=path)
     arrays = [np.asarray(ts, dtype=np.float64), np.asarray(inp, dtype=np.int64),
@@ -120,9 +134,11 @@ def _read_rows(reader: Any, path: str) -> tuple[list[float], list[int], list[int
         if not row or (len(row) == 1 and not row[0].strip()):
             continue  # tolerate blank lines (e.g. a trailing newline pair)
         where = f"{path} line {line}"
-        if len(row) != 3:
-            raise InvalidSpecError("row", f"expected 3 columns, got {len(row)}: {','.join(row)!r}",
+        if len(ts) >= MAX_TRACE_ROWS:
+            raise InvalidSpecError("rows", f"a trace may hold at most {MAX_TRACE_ROWS} rows",
                                    source=where)
+        if len(row) != 3:
+            raise InvalidSpecError("row", f"expected 3 columns, got {len(row)}", source=where)
         t = _parse_ts(row[0], prev, where)
         ts.append(t)
         inp.append(_parse_tokens("input_tokens", row[1], where))
@@ -135,13 +151,12 @@ def _parse_ts(text: str, prev: float, where: str) -> float:
     try:
         t = float(text)
     except ValueError:
-        raise InvalidSpecError("ts_s", f"{text!r} is not a number", source=where) from None
+        raise InvalidSpecError("ts_s", "not a number", source=where) from None
     if not math.isfinite(t) or t < 0:
-        raise InvalidSpecError("ts_s", f"must be a finite number >= 0 (got {text.strip()})",
-                               source=where)
+        raise InvalidSpecError("ts_s", "must be a finite number >= 0", source=where)
     if t < prev:
-        raise InvalidSpecError("ts_s", f"{t:g} is before the previous row's {prev:g};"
-                                       " timestamps must be non-decreasing", source=where)
+        raise InvalidSpecError("ts_s", "is before the previous row's; timestamps must be"
+                                       " non-decreasing", source=where)
     return t
 
 
@@ -149,41 +164,57 @@ def _parse_tokens(column: str, text: str, where: str) -> int:
     try:
         n = int(text)
     except ValueError:
-        raise InvalidSpecError(column, f"{text!r} is not an integer", source=where) from None
-    if n < 1:
-        raise InvalidSpecError(column, f"must be >= 1 (got {n})", source=where)
+        raise InvalidSpecError(column, "not an integer", source=where) from None
+    if not 1 <= n <= MAX_REQUEST_TOKENS:
+        raise InvalidSpecError(column, f"must be an integer in [1, {MAX_REQUEST_TOKENS}]",
+                               source=where)
     return n
 
 
 # --- finding trace files ---------------------------------------------------------------
-
-def repo_root() -> Path:
-    """The repository root (one definition: ``koi.paths``)."""
-    return REPO_ROOT
-
 
 def shared_data_dir() -> Path | None:
     """``$KOI_SHARED_DATA``, else the first ``shared/data`` found walking up from the repo root."""
     return find_shared_data_dir()
 
 
-def resolve_trace_path(ref: str, base_dir: Path | None = None) -> Path:
-    """The file a job's ``trace:`` reference names; ``InvalidSpecError`` lists where it looked."""
-    tried: list[Path] = []
+def resolve_trace_path(ref: str) -> Path:
+    """The file a job's ``trace:`` reference names, inside the traces directory (a name or
+    a path under it) or, for ``shared:<name>``, the shared data directory.
+
+    ``InvalidSpecError`` otherwise; a reference outside those directories is refused
+    before the file system is asked about it, so the answer tells nothing of what exists
+    there, and no message holds the directories' own paths.
+    """
+    if not isinstance(ref, str) or not ref.strip():
+        raise InvalidSpecError("trace", "must name a trace file")
+    shown = _show_ref(ref)
     if ref.startswith(SHARED_PREFIX):
-        shared = shared_data_dir()
-        if shared is None:
-            raise InvalidSpecError("trace", f"{ref!r}: no shared/data directory found above"
-                                            f" {repo_root()}; set {SHARED_DATA_ENV}")
-        tried.append(shared / ref[len(SHARED_PREFIX):])
-    elif Path(ref).is_absolute():
-        tried.append(Path(ref))
+        root, name = shared_data_dir(), ref[len(SHARED_PREFIX):]
+        if root is None:
+            raise InvalidSpecError("trace", f"{shown}: no shared data directory here;"
+                                            f" set {SHARED_DATA_ENV}")
+        where = "the shared data directory"
     else:
-        if base_dir is not None:
-            tried.append(Path(base_dir) / ref)
-        tried.append(repo_root() / ref)
-    for candidate in tried:
-        if candidate.is_file():
-            return candidate.resolve()
-    looked = ", ".join(str(c) for c in tried)
-    raise InvalidSpecError("trace", f"trace file {ref!r} not found (looked in: {looked})")
+        root, name = traces_dir(), ref
+        if root is None:
+            raise InvalidSpecError("trace", f"{shown}: no traces directory here;"
+                                            f" set {TRACES_ENV}")
+        where = f"the traces directory (${TRACES_ENV})"
+    base = root.resolve()
+    try:
+        candidate = (base / name).resolve()  # follows symlinks and '..' before the check
+    except (OSError, RuntimeError, ValueError):
+        candidate = None
+    if candidate is None or not candidate.is_relative_to(base) or "\x00" in name:
+        raise InvalidSpecError("trace", f"{shown} is outside {where}: give a file name in"
+                                        " it, or shared:<name>")
+    if not candidate.is_file():
+        raise InvalidSpecError("trace", f"{shown}: no such trace file in {where}")
+    return candidate
+
+
+def _show_ref(ref: str) -> str:
+    """A reference as it may appear in a message: escaped, and cut short."""
+    text = ref.encode("unicode_escape").decode("ascii")
+    return repr(text if len(text) <= 120 else text[:117] + "...")

@@ -3,12 +3,14 @@
 ``ScenarioCtx`` is ``koi.jobs``' parse context with one change: the source reads
 ``hetero-3h.yaml line 42`` (the form trace errors already use) instead of
 ``hetero-3h.yaml:42``, so that job errors raised inside a scenario read the same as the
-scenario's own. Field helpers for durations and counts live here too. No YAML reading.
+scenario's own. ``bounded`` keeps any error one line of bounded length. Field helpers
+for durations and counts live here too. No YAML reading.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +60,9 @@ def integer(ctx: Ctx, data: dict[str, Any], key: str, default: Any = _MISSING) -
             raise ctx.error(key, "missing (required)")
         return default
     value = data[key]
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+    # int() of NaN or inf raises (ValueError, OverflowError): test finiteness first
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or value != int(value)):
         raise ctx.error(key, f"must be an integer (got {show(value)})")
     return int(value)
 

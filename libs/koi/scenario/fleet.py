@@ -19,6 +19,9 @@ from koi.scenario.durations import format_duration
 from koi.scenario.types import CapacityEvent, FleetEntry
 
 COMPACT_KEYS = ("cloud", "region", "accelerator", "market")
+# GPUs one offering may hold in a scenario: the largest public clusters are ~100k GPUs,
+# and a fleet file with 1e308 would otherwise reach the simulator as a Python bigint.
+MAX_OFFERING_GPUS = 1_000_000
 FLEET_KEYS = ("offering", *COMPACT_KEYS, "gpus")
 EVENT_KEYS = ("at", "offering", "delta_gpus", "note")
 OFFERINGS_FILE = "libs/koi/catalog/data/offerings.yaml"
@@ -58,8 +61,8 @@ def _parse_entry(ctx: Ctx, data: Any, catalog: Catalog) -> FleetEntry:
                                     " aws/us-east-1/h100-sxm/spot) or cloud, region,"
                                     " accelerator and market")
     gpus = integer(ctx, data, "gpus")
-    if gpus < 1:
-        raise ctx.error("gpus", f"must be >= 1 (got {gpus})")
+    if not 1 <= gpus <= MAX_OFFERING_GPUS:
+        raise ctx.error("gpus", f"must be in 1..{MAX_OFFERING_GPUS:,} (got {gpus:.6g})")
     per = catalog.offering(offering_id).gpus_per_instance
     if gpus % per:
         raise ctx.error("gpus", f"{gpus} is not a whole number of {offering_id} instances"
@@ -170,6 +173,8 @@ def _parse_event(ctx: Ctx, data: Any, start: dict[str, int], horizon_s: float,
     delta = integer(ctx, data, "delta_gpus")
     if delta == 0:
         raise ctx.error("delta_gpus", "must not be 0 (negative: a stock-out; positive: a return)")
+    if abs(delta) > MAX_OFFERING_GPUS:
+        raise ctx.error("delta_gpus", f"must be within ±{MAX_OFFERING_GPUS:,} (got {delta:.6g})")
     per = catalog.offering(offering_id).gpus_per_instance
     if delta % per:
         raise ctx.error("delta_gpus", f"{delta} is not a whole number of {offering_id} instances"

@@ -3,7 +3,8 @@
 ``load_scenario`` takes a shipped name (``hetero-3h`` → ``scenario/data/hetero-3h.yaml``)
 or a path; ``parse_scenario`` validates the dict form; ``scenario_to_dict`` is its inverse.
 Every problem is an ``InvalidSpecError`` naming the file, the line and the dotted field
-(``hetero-3h.yaml line 42: fleet[3].offering: unknown offering ...``); jobs are parsed by
+(``hetero-3h.yaml line 42: fleet[3].offering: unknown offering ...``), one line of
+bounded length whatever the file holds; jobs are parsed by
 ``koi.jobs`` in the same context, so their errors read the same way. World overrides are
 checked by the simulator (``koi.sim.world``) when it is installed. No simulation here.
 """
@@ -19,7 +20,7 @@ from typing import Any
 import yaml
 
 from koi.catalog import Catalog, load_catalog
-from koi.errors import InvalidSpecError
+from koi.errors import InvalidSpecError, bounded
 from koi.jobs import JobSpec, job_to_dict
 from koi.jobs.parse import Ctx, boolean, check_keys, mapping, number, parse_job_in
 from koi.jobs.yaml_io import index_lines
@@ -35,6 +36,10 @@ DEFAULT_TICK_S = 60.0
 # Per-job sugar: a duration under the short key becomes seconds under the koi.jobs key.
 JOB_TIME_KEYS = {"submit": "submit_s", "deadline": "deadline_s", "end": "end_s"}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+# the shipped scenarios are at most 5 levels deep and 1,600 nodes; a file far beyond
+# that is a mistake or an attack (see _check_shape)
+MAX_YAML_DEPTH = 32
+MAX_YAML_NODES = 200_000
 
 
 # --- public API ------------------------------------------------------------------------
@@ -61,18 +66,26 @@ def scenario_path(name_or_path: str | Path) -> Path:
 
 def load_scenario(name_or_path: str | Path, *, catalog: Catalog | None = None) -> Scenario:
     """Read, validate and build a scenario from a shipped name or a YAML file."""
-    p = scenario_path(name_or_path)
-    source = str(p)
-    data, lines = _read(p, source)
-    ctx = ScenarioCtx(source, p.parent, lines, catalog=catalog or load_catalog())
-    return _parse(ctx, data, default_name=p.stem)
+    try:
+        p = scenario_path(name_or_path)
+        source = str(p)
+        data, lines = _read(p, source)
+        ctx = ScenarioCtx(source, p.parent, lines, catalog=catalog or load_catalog())
+        return _parse(ctx, data, default_name=p.stem)
+    except InvalidSpecError as e:
+        raise bounded(e) from None
 
 
 def parse_scenario(data: dict[str, Any], *, source: str = "<dict>",
                    base_dir: Path | None = None, catalog: Catalog | None = None) -> Scenario:
-    """Validate a scenario dict (the YAML form); relative trace paths resolve in base_dir."""
+    """Validate a scenario dict (the YAML form). Trace references resolve in the traces
+    directory or as ``shared:<name>`` (``koi.jobs.trace.resolve_trace_path``), never
+    relative to a file; ``base_dir`` is accepted for older callers and not used."""
     ctx = ScenarioCtx(source, base_dir, {}, catalog=catalog or load_catalog())
-    return _parse(ctx, data, default_name=None)
+    try:
+        return _parse(ctx, data, default_name=None)
+    except InvalidSpecError as e:
+        raise bounded(e) from None
 
 
 def scenario_to_dict(s: Scenario) -> dict[str, Any]:
@@ -106,18 +119,28 @@ def _read(p: Path, source: str) -> tuple[Any, dict[str, int]]:
         raise InvalidSpecError("file", f"scenario file not found: {p}", source=source) from None
     except OSError as e:
         raise InvalidSpecError("file", f"cannot read {p}: {e.strerror}", source=source) from None
-    loader = yaml.SafeLoader(content)
+    loader: yaml.SafeLoader | None = None
     try:
+        # constructing the loader already reads the text: a control character fails here
+        loader = yaml.SafeLoader(content)
         node = loader.get_single_node()  # one parse gives both the lines and the data
+        if node is not None:
+            _check_shape(node, source)
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{source} line {mark.line + 1}" if mark else source
-        raise InvalidSpecError("yaml", f"not valid YAML: {e.problem or e}", source=where) from None
-    except yaml.YAMLError as e:
-        raise InvalidSpecError("yaml", f"not valid YAML: {e}", source=source) from None
+        raise InvalidSpecError("yaml", f"not valid YAML: {_one_line(e.problem or e)}",
+                               source=where) from None
+    except yaml.YAMLError as e:  # e.g. yaml.reader.ReaderError: a character YAML refuses
+        raise InvalidSpecError("yaml", f"not valid YAML: {_one_line(e)}",
+                               source=source) from None
+    except RecursionError:  # "[[[[…" thousands deep
+        raise InvalidSpecError("yaml", "not valid YAML: nested too deeply",
+                               source=source) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if node is None or data is None:
         raise InvalidSpecError("file", "is empty; expected a scenario mapping", source=source)
     lines: dict[str, int] = {}
@@ -126,6 +149,33 @@ def _read(p: Path, source: str) -> tuple[Any, dict[str, int]]:
     except InvalidSpecError as e:  # a duplicate key: same message, our "line N" form
         raise InvalidSpecError(e.field, e.reason, source=relined(e.source, source)) from None
     return data, lines
+
+
+def _check_shape(root: yaml.Node, source: str) -> None:
+    """Refuse a document nested deeper than ``MAX_YAML_DEPTH`` or whose aliases expand it
+    past ``MAX_YAML_NODES`` nodes (or into itself): what reads it next (line indexing,
+    the world's deep copy, job parsing) recurses through every path and would overflow
+    the stack or walk for hours. Iterative, and stops at the first excess."""
+    stack: list[tuple[yaml.Node, int]] = [(root, 1)]
+    walked = 0
+    while stack:
+        node, depth = stack.pop()
+        walked += 1
+        if walked > MAX_YAML_NODES:
+            raise InvalidSpecError("yaml", f"expands to more than {MAX_YAML_NODES:,} nodes"
+                                           " (aliases?)", source=source)
+        if depth > MAX_YAML_DEPTH:
+            raise InvalidSpecError("yaml", f"nested more than {MAX_YAML_DEPTH} levels deep",
+                                   source=source)
+        if isinstance(node, yaml.MappingNode):
+            stack.extend((n, depth + 1) for pair in node.value for n in pair)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((n, depth + 1) for n in node.value)
+
+
+def _one_line(problem: object) -> str:
+    """PyYAML's messages span lines ("…\n  in "<unicode string>", position 0")."""
+    return " ".join(str(problem).split())
 
 
 # --- the document ----------------------------------------------------------------------

@@ -216,6 +216,8 @@ def _groups(lengths: np.ndarray, keep: np.ndarray, size: int) -> list[list[int]]
     group), at least ``size`` of them: the window's last group, cut short by the window's
     end, repeats its own members to make up the number."""
     idx = np.flatnonzero(keep)
+    if not idx.size:  # a window none of whose requests is kept (few, at a small fraction)
+        return []
     out = []
     for a, b in zip(idx.tolist(), [*idx[1:].tolist(), lengths.size], strict=True):
         m = lengths[a:b].tolist()

@@ -10,7 +10,9 @@ absorb them; every replica runs its continuous-batching engine; the fleet handle
 start-ups, drains, swaps, preemptions and stock-outs. ``record`` returns the ``RunRecord``.
 
 Randomness comes only from numpy Generators seeded by (seed, stream); there is no wall
-clock. The simulator is the world: it must never import ``koi.predictor``.
+clock. A job whose own handling raises (its arrivals, its replicas' run) is quarantined:
+rejected with the reason ``quarantined: <exception type>``, its deployments stopped; the
+run goes on without it. The simulator is the world: it must never import ``koi.predictor``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from koi.sim.world import WorldParams, load_world
 from koi.space import DeploymentConfig
 
 STREAM_JOB = 21
+QUARANTINED = "quarantined"   # the reason prefix of a job taken out because it raised
 
 
 class Simulator:
@@ -74,6 +77,7 @@ class Simulator:
         self._dep_serial = 0
         self._tick_slo = [0.0, 0.0, 0.0]
         self._good_total = 0.0
+        self.quarantined: list[str] = []   # job ids, in the order they were taken out
 
     # --- the policy's view ---------------------------------------------------------------
 
@@ -116,6 +120,25 @@ class Simulator:
         self._by_idx.append(js)
         return job
 
+    def quarantine(self, job_id: str, error: str) -> bool:
+        """Take a job out of the run because handling it raised ``error`` (an exception
+        type name): it is rejected with the reason ``quarantined: <error>`` (the next
+        snapshot shows it), its deployments stop and its queue is dropped. Returns False
+        if it already was (so replaying a stored snapshot's quarantine is idempotent)."""
+        js = self.jobs[job_id]
+        if job_id in self.quarantined:
+            return False
+        js.rejected, js.reason = True, f"{QUARANTINED}: {error}"
+        self.quarantined.append(job_id)
+        for dep in [d for d in self.fleet.deps.values() if d.job.id == job_id]:
+            self.fleet.stop(dep, self.now, QUARANTINED)
+        for r in js.queue:
+            js.drop(r, QUARANTINED)
+        js.queue.clear()
+        self.emit("quarantine", job_id, f"job {job_id}: handling it raised {error}; rejected,"
+                                        " its deployments stopped")
+        return True
+
     # --- helpers for actions -------------------------------------------------------------
 
     def emit(self, kind: str, job_id: str, detail: str = "", dep: str = "") -> None:
@@ -145,8 +168,12 @@ class Simulator:
         for js in self.jobs.values():
             if isinstance(js.spec, OnlineJob) and not js.rejected:
                 js.arrived_tick = 0.0
-                self._route(js, js.arrivals(t0, t1, self.fraction), t0, t1)
+                try:
+                    self._route(js, js.arrivals(t0, t1, self.fraction), t0, t1)
+                except Exception as exc:  # one job's failure must not stop the fleet
+                    self.quarantine(js.spec.id, type(exc).__name__)
         ran = self._run_replicas(t1)
+        ran = [r for r in ran if r[1].spec.id not in self.quarantined]
         self._settle_evicted(t1)
         for js in self.jobs.values():
             js.expire(t1)
@@ -209,17 +236,27 @@ class Simulator:
         out = []
         for dep in list(self.fleet.deps.values()):
             js = self.jobs[dep.job.id]
-            stats = []
-            for slot in list(dep.slots):
-                feed = js.is_batch and js.admitted and not slot.draining
-                slot.engine.feeder = js.feed if feed else None
-                slot.engine.run_until(min(t1, slot.kill_at))
-                stats.append(slot.engine.take_stats())
-                if slot.kill_at <= t1:
-                    self.fleet.remove_slot(dep, slot, slot.kill_at, "preempted")
+            if js.spec.id in self.quarantined and dep.id not in self.fleet.deps:
+                continue  # stopped when its job was quarantined earlier in this loop
+            try:
+                stats = self._run_dep(dep, js, t1)
+            except Exception as exc:  # one job's failure must not stop the fleet
+                self.quarantine(js.spec.id, type(exc).__name__)
+                continue
             if stats:
                 out.append((dep, js, stats))
         return out
+
+    def _run_dep(self, dep: Dep, js: JobState, t1: float) -> list:
+        stats = []
+        for slot in list(dep.slots):
+            feed = js.is_batch and js.admitted and not slot.draining
+            slot.engine.feeder = js.feed if feed else None
+            slot.engine.run_until(min(t1, slot.kill_at))
+            stats.append(slot.engine.take_stats())
+            if slot.kill_at <= t1:
+                self.fleet.remove_slot(dep, slot, slot.kill_at, "preempted")
+        return stats
 
     def _account(self, dep: Dep, js: JobState, stats: list, t0: float,
                  t1: float) -> DeploymentTelemetry:

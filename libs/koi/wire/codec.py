@@ -3,20 +3,30 @@
 ``encode``/``decode`` turn any generated message into deterministic bytes and back,
 raising ``InvalidSpecError`` (field = the message's full name) on bytes that do not
 parse. The typed pairs (``encode_job``/``decode_job``...) go all the way to domain
-objects. The per-type conversions live in ``config``, ``jobs`` and ``predictor``; this
+objects; their errors are one line of bounded length (``bounded_errors``), whatever
+the input held. The per-type conversions live in ``config``, ``jobs`` and ``predictor``; this
 module holds no conversion logic of its own and no transport (NATS, gRPC) code.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
 from koi.catalog import Catalog
-from koi.errors import InvalidSpecError
+from koi.errors import (
+    MAX_FIELD_CHARS,
+    MAX_REASON_CHARS,
+    InvalidConfigError,
+    InvalidSpecError,
+    bounded_spec_error,
+)
 from koi.jobs import JobSpec
 from koi.predictor.types import Prediction, Workload
+from koi.safe_text import printable
 from koi.space import DeploymentConfig
 from koi.v1 import config_pb2, jobs_pb2, prediction_pb2
 from koi.wire.config import config_from_proto, config_to_proto
@@ -29,6 +39,25 @@ from koi.wire.predictor import (
 )
 
 M = TypeVar("M", bound=Message)
+# a decode error's text ends up in a DLQ header, a JobAck, a log line: one line, and
+# never the bulk of a hostile input (a 20,000-character id quoted back): koi.errors' caps
+
+
+def spec_error(field: str, reason: str, source: str = "") -> InvalidSpecError:
+    """An ``InvalidSpecError`` whose message is one line of bounded length."""
+    return bounded_spec_error(field, reason, source)
+
+
+@contextmanager
+def bounded_errors() -> Iterator[None]:
+    """Re-raise a decode error (spec or config) with its text made one bounded line."""
+    try:
+        yield
+    except InvalidSpecError as e:
+        raise spec_error(e.field, e.reason, e.source) from None
+    except InvalidConfigError as e:
+        raise InvalidConfigError(printable(e.knob, MAX_FIELD_CHARS),
+                                 printable(e.reason, MAX_REASON_CHARS)) from None
 
 
 def encode(msg: Message) -> bytes:
@@ -54,8 +83,9 @@ def encode_config(cfg: DeploymentConfig) -> bytes:
 
 def decode_config(data: bytes, *, catalog: Catalog | None = None,
                   strict: bool = False) -> DeploymentConfig:
-    return config_from_proto(decode(data, config_pb2.DeploymentConfig), catalog=catalog,
-                             strict=strict)
+    with bounded_errors():
+        return config_from_proto(decode(data, config_pb2.DeploymentConfig), catalog=catalog,
+                                 strict=strict)
 
 
 def encode_job(job: JobSpec) -> bytes:
@@ -63,7 +93,8 @@ def encode_job(job: JobSpec) -> bytes:
 
 
 def decode_job(data: bytes, *, catalog: Catalog | None = None) -> JobSpec:
-    return job_from_proto(decode(data, jobs_pb2.JobSpec), catalog=catalog)
+    with bounded_errors():
+        return job_from_proto(decode(data, jobs_pb2.JobSpec), catalog=catalog)
 
 
 def encode_workload(w: Workload) -> bytes:
@@ -71,7 +102,8 @@ def encode_workload(w: Workload) -> bytes:
 
 
 def decode_workload(data: bytes) -> Workload:
-    return workload_from_proto(decode(data, prediction_pb2.Workload))
+    with bounded_errors():
+        return workload_from_proto(decode(data, prediction_pb2.Workload))
 
 
 def encode_prediction(p: Prediction) -> bytes:
@@ -79,4 +111,5 @@ def encode_prediction(p: Prediction) -> bytes:
 
 
 def decode_prediction(data: bytes) -> Prediction:
-    return prediction_from_proto(decode(data, prediction_pb2.Prediction))
+    with bounded_errors():
+        return prediction_from_proto(decode(data, prediction_pb2.Prediction))

@@ -4,8 +4,10 @@ Encoding writes every field explicitly. Decoding builds the job dataclasses dire
 so their own bound checks apply, and reports every error as an ``InvalidSpecError``
 whose field is the proto path (``online.arrival.rate.rate_rps``,
 ``batch.input_len.lognormal.sigma``). The model id is checked against the catalog and
-a trace arrival's file is loaded (it must be readable where the message is decoded);
-a trace path is kept as written. No bytes handling and no transport here.
+a trace arrival's file is loaded (it must be in the traces directory, or be a ``shared:``
+name, where the message is decoded); a trace path is kept as written. The physical bounds
+(``koi.jobs.bounds``) are the dataclasses' own, so a submission is held to exactly what
+YAML is. No bytes handling and no transport here.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from koi.jobs import (
     load_trace,
     resolve_trace_path,
 )
+from koi.jobs.bounds import check_id
 from koi.jobs.lengths import DEFAULT_MAX_TOKENS, DEFAULT_MIN_TOKENS
 from koi.jobs.parse import Ctx, model_id
 from koi.jobs.spec import DEFAULT_PRIORITY
@@ -33,8 +36,9 @@ SOURCE = "koi.v1.JobSpec"
 DEFAULT_PERCENTILE = 95.0
 # Domain field → proto field, where they differ (for error paths).
 _ONLINE_FIELDS = {"prefix_share": "online.prefix_share", "end_s": "online.end_s",
-                  "client_region": "online.client_region"}
-_BATCH_FIELDS = {"num_requests": "batch.num_requests", "deadline_s": "batch.deadline_s"}
+                  "client_region": "online.client_region", "output_len": "online.output_len"}
+_BATCH_FIELDS = {"num_requests": "batch.num_requests", "deadline_s": "batch.deadline_s",
+                 "output_len": "batch.output_len"}
 _ARRIVAL_FIELDS = {"trace_path": "path", "trace": "path"}
 _LENGTH_FIELDS = {"min": "min_tokens", "max": "max_tokens", "mean": "fixed.tokens",
                   "values": "empirical.token_counts"}
@@ -123,6 +127,10 @@ def job_from_proto(msg: jobs_pb2.JobSpec, *, catalog: Catalog | None = None) -> 
     if kind is None:
         raise _err("kind", "missing; set online (arrival, lengths, slo) or batch"
                            " (volume, lengths, deadline_s)")
+    try:
+        check_id(msg.id)  # first: cheap, and a bad id need not load a trace
+    except InvalidSpecError as e:
+        raise _err("id", e.reason) from None
     if not msg.model:
         raise _err("model", "missing (required)")
     model = model_id(Ctx(SOURCE, catalog=catalog), {"model": msg.model})

@@ -15,8 +15,10 @@ that do not parse, a required field that is missing (ids, embedded configs, spec
 scopes, the causal state's blobs), an unknown enum value or an invalid embedded config or
 job: ``field`` is the proto path (``deployments[2].config.tp``; the message's full name
 when the bytes do not parse) and ``source`` the message's full name, so a service can
-dead-letter the message with the reason. Protobuf parses leniently, so bytes of another
-message type are not always caught. No transport (NATS, gRPC) code and no policy here.
+dead-letter the message with the reason; the text is one line of bounded length
+(``koi.wire.codec.spec_error``), whatever the input held. Protobuf parses leniently,
+so bytes of another message type are not always caught. No transport (NATS, gRPC)
+code and no policy here.
 """
 
 from __future__ import annotations
@@ -53,10 +55,12 @@ from koi.planner.explain import Explanation
 from koi.planner.place import Target
 from koi.planner.propose import Proposal
 from koi.planner.tick import ActiveMechanism, plan_notes, plan_targets
+from koi.predictor.passes import LOG_GRID
+from koi.safe_text import printable
 from koi.space import DeploymentConfig
 from koi.v1 import bus_pb2, causal_pb2, cluster_pb2, common_pb2, events_pb2, plan_pb2
 from koi.wire._enums import EnumCodec
-from koi.wire.codec import decode, encode
+from koi.wire.codec import decode, encode, spec_error
 from koi.wire.config import config_from_proto, config_to_proto
 from koi.wire.jobs import job_from_proto, job_to_proto
 
@@ -106,12 +110,12 @@ def _decoded(data: bytes, message_type: type[M], build: Callable[[M], T]) -> T:
     try:
         return build(decode(data, message_type))
     except InvalidSpecError as e:
-        raise InvalidSpecError(e.field, e.reason, source=name) from None
+        raise spec_error(e.field, e.reason, source=name) from None
     except InvalidConfigError as e:
-        raise InvalidSpecError(e.knob, e.reason, source=name) from None
+        raise spec_error(e.knob, e.reason, source=name) from None
     except (KoiError, ValueError, TypeError, LookupError, AttributeError, zlib.error) as e:
         # e.g. a blob in CausalState that is not the store's zlib'd JSON
-        raise InvalidSpecError(name, f"cannot decode: {e!r}", source=name) from None
+        raise spec_error(name, f"cannot decode: {e!r}", source=name) from None
 
 
 def _required(value: T, path: str) -> T:
@@ -249,6 +253,20 @@ def observation_to_proto(o: OutcomeObservation) -> bus_pb2.CausalObservation:
                                              for k, v in o.curves.items()})
 
 
+def _curves(msg: bus_pb2.CausalObservation, path: str) -> dict[str, tuple[float, ...]]:
+    """Pass curves by outcome: one finite value per ``LOG_GRID`` point, or the learner
+    fails on every redelivery (np.interp of unequal lengths) or learns NaN for good."""
+    out = {}
+    for k in sorted(msg.curves):
+        values = tuple(msg.curves[k].log_ms)
+        if len(values) != len(LOG_GRID) or not all(math.isfinite(v) for v in values):
+            raise InvalidSpecError(f"{path}curves[{k!r}]",
+                                   f"needs {len(LOG_GRID)} finite values, one per pass"
+                                   f" multiplier (got {len(values)})")
+        out[k] = values
+    return out
+
+
 def observation_from_proto(msg: bus_pb2.CausalObservation, path: str = ""
                            ) -> OutcomeObservation:
     return OutcomeObservation(
@@ -257,7 +275,7 @@ def observation_from_proto(msg: bus_pb2.CausalObservation, path: str = ""
         scope=scope_from_proto(_message(msg, "scope", path)),
         predicted=_sorted_dict(msg.predicted), observed=_sorted_dict(msg.observed),
         weight=msg.weight,
-        curves={k: tuple(msg.curves[k].log_ms) for k in sorted(msg.curves)})
+        curves=_curves(msg, path))
 
 
 def encode_observations(tick: int, observations: Sequence[OutcomeObservation]) -> bytes:
@@ -629,16 +647,33 @@ def make_event(*, kind: str, severity: str, service: str, message: str, tick: in
     return ev
 
 
+_CLOCK_MAX_S = 1_000_000 * 3600.0   # a million hours: no scenario is that long
+
+
 def _clock(seconds: float) -> str:
+    # int(nan) raises, and 1e100 s would print 100 digits: a bad event must still print
+    if not math.isfinite(seconds) or seconds >= _CLOCK_MAX_S:
+        return "--:--:--"
     s = max(int(seconds), 0)
     return f"{s // 3600:02d}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
+# field caps on an event line: a DNS-1123 job id is at most 63 characters, a readable
+# message a few hundred; anything longer is cut (the --json output keeps it whole)
+# at most ~950 characters in all, suffixes ("…[10,000 chars]") included
+_LINE_JOB_CHARS, _LINE_MESSAGE_CHARS, _LINE_MECHANISMS, _LINE_MECHANISM_CHARS = 64, 480, 6, 40
+
+
 def event_line(ev: events_pb2.OperatorEvent) -> str:
     """``01:02:00 WARNING  deferral             chat-a: no capacity [m-1, m-2]``: scenario
-    clock, severity, kind, job ("-" for fleet-wide), message, mechanisms."""
+    clock, severity, kind, job ("-" for fleet-wide), message, mechanisms. Always one
+    line of bounded length: the text fields are escaped and capped (``printable``)."""
     severity = _SEVERITY_NAMES.get(ev.severity, "unspecified").upper()
     kind = _KIND_NAMES.get(ev.kind, "unspecified")
-    mechs = f" [{', '.join(ev.mechanism_ids)}]" if ev.mechanism_ids else ""
-    return (f"{_clock(ev.scenario_time_s)} {severity:<8} {kind:<20} {ev.job_id or '-'}:"
-            f" {ev.message}{mechs}")
+    ids = [printable(m, _LINE_MECHANISM_CHARS) for m in ev.mechanism_ids[:_LINE_MECHANISMS]]
+    if len(ev.mechanism_ids) > _LINE_MECHANISMS:
+        ids.append(f"+{len(ev.mechanism_ids) - _LINE_MECHANISMS} more")
+    mechs = f" [{', '.join(ids)}]" if ids else ""
+    job = printable(ev.job_id, _LINE_JOB_CHARS) if ev.job_id else "-"
+    return (f"{_clock(ev.scenario_time_s)} {severity:<8} {kind:<20} {job}:"
+            f" {printable(ev.message, _LINE_MESSAGE_CHARS)}{mechs}")
