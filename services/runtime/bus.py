@@ -5,6 +5,10 @@ race), de-duplicated JetStream publishes (``Nats-Msg-Id``), last-value reads, du
 at-least-once consumers that ack only after the handler returns and send undecodable
 messages to ``koi.dlq.<service>`` with an operator event, core request/reply in queue
 groups, KV helpers with revision checks, and a KV lease for the single placer leader.
+Every payload larger than the connected server accepts travels as a reference to an
+object store blob (``services/runtime/blobs.py``), and every reading path here resolves
+references, so callers never see the server's ``max_payload``; a payload that cannot be
+carried raises ``PayloadRefused`` after an ``EVENT_KIND_BUS_ERROR`` operator event.
 
 No decisions and no protobuf ⇄ domain conversion here: handlers get bytes (or what the
 caller's ``decode`` returns); the only message type this module builds is the
@@ -34,20 +38,35 @@ from nats.js.errors import (
     KeyNotFoundError,
     KeyWrongLastSequenceError,
     NotFoundError,
+    ObjectNotFoundError,
     ServerError,
 )
 from nats.js.kv import KeyValue
 
 from koi import subjects
 from koi.v1 import events_pb2
+from services.runtime.blobs import (
+    HEADER_BLOB,
+    HEADER_BLOB_SIZE,
+    BlobStore,
+    PayloadRefused,
+    blob_of,
+    kv_blob_of,
+    kv_reference,
+)
+from services.runtime.security import connect_options, servers
+from services.runtime.settings import NatsAuth, redact_url
 
 log = structlog.get_logger(__name__)
 
-MAX_MSG_BYTES = 8 * 1024 * 1024      # largest message a stream or KV value accepts
+# largest message a stream or KV value accepts; a larger payload (or one larger than
+# the server's max_payload, 1 MiB by default) is sent as a blob reference instead
+MAX_MSG_BYTES = 8 * 1024 * 1024
 STREAM_MAX_AGE_S = 24 * 3600.0       # limits retention: a day of ticks, events, letters
 DUPLICATE_WINDOW_S = 120.0           # Nats-Msg-Id de-duplication horizon
 HEADER_ORIGINAL_SUBJECT = "Koi-Original-Subject"
 HEADER_ERROR = "Koi-Error"
+_REFUSED_RETRY_MAX_S = 30.0          # back-off cap for a handler whose output is refused
 _FETCH_WAIT_S = 1.0                  # a pull request's lifetime; also stop()'s latency
 _ERR_STREAM_NAME_IN_USE = 10058      # "stream name already in use with a different config"
 _ERR_STREAM_STORE_FAILED = 10049     # "error creating store for stream": see _create_store
@@ -97,8 +116,12 @@ def _enum_token(enum: Any, value: int, prefix: str) -> str:
 
 
 def _server(nc: Client) -> str:
+    # host and port only: a URL's user:password@ must never reach a log line
     url = nc.connected_url
-    return f"{url.scheme}://{url.netloc}" if url is not None else ""
+    if url is None:
+        return ""
+    host = f"[{url.hostname}]" if url.hostname and ":" in url.hostname else url.hostname
+    return f"{url.scheme}://{host}:{url.port}"
 
 
 async def delete_koi_state(js: JetStreamContext) -> None:
@@ -110,13 +133,20 @@ async def delete_koi_state(js: JetStreamContext) -> None:
     for bucket in subjects.KV_BUCKETS:
         with contextlib.suppress(NotFoundError):  # BucketNotFoundError is one
             await js.delete_key_value(bucket)
+    for bucket in (subjects.OBJ_BLOBS, subjects.OBJ_KV_BLOBS):
+        with contextlib.suppress(NotFoundError):
+            await js.delete_object_store(bucket)
 
 
-async def connect(url: str, name: str, *, wait_s: float | None = 30.0) -> Bus:
+async def connect(url: str, name: str, *, wait_s: float | None = 30.0,
+                  auth: NatsAuth | None = None) -> Bus:
     """Connect to NATS (``url`` may list several servers, comma-separated) and keep
     reconnecting forever after that; raise ``ConnectionError`` if the first connection
-    does not succeed within ``wait_s`` (None: wait as long as it takes)."""
+    does not succeed within ``wait_s`` (None: wait as long as it takes). ``auth`` is who
+    to be and which CA to trust (default: ``KOI_NATS_USER``/``…PASSWORD(_FILE)``/``…CA``);
+    a refused login or certificate fails at once, it is not retried."""
     nc = Client()
+    options = connect_options(auth, url)
 
     async def on_error(err: Exception) -> None:
         log.warning("nats_error", connection=name, error=str(err) or type(err).__name__)
@@ -131,17 +161,17 @@ async def connect(url: str, name: str, *, wait_s: float | None = 30.0) -> Bus:
     async def on_closed() -> None:
         log.info("nats_closed", connection=name)
 
-    servers = [u.strip() for u in url.split(",") if u.strip()]
     try:
         await asyncio.wait_for(nc.connect(
-            servers=servers, name=name, allow_reconnect=True, max_reconnect_attempts=-1,
+            servers=servers(url), name=name, allow_reconnect=True, max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,  # type: ignore[arg-type]  # typed int, used as seconds
             connect_timeout=2, error_cb=on_error, disconnected_cb=on_disconnected,
-            reconnected_cb=on_reconnected, closed_cb=on_closed), wait_s)
+            reconnected_cb=on_reconnected, closed_cb=on_closed, **options), wait_s)
     except TimeoutError:
         with contextlib.suppress(Exception):
             await nc.close()
-        raise ConnectionError(f"could not connect to NATS at {url} within {wait_s} s") from None
+        raise ConnectionError(f"could not connect to NATS at {redact_url(url)} within "
+                              f"{wait_s} s") from None
     log.info("nats_connected", connection=name, server=_server(nc))
     return Bus(nc, name)
 
@@ -173,6 +203,9 @@ class Bus:
         self._kv: dict[str, KeyValue] = {}
         self._consumers: list[Consumer] = []
         self._subscriptions: list[Subscription] = []
+        self.blobs = BlobStore(nc, self.js, subjects.OBJ_BLOBS, MAX_MSG_BYTES)
+        self.kv_blobs = BlobStore(nc, self.js, subjects.OBJ_KV_BLOBS, MAX_MSG_BYTES)
+        self._kv_refs: dict[tuple[str, str], str] = {}  # the blob each key last held
 
     # -- set-up -------------------------------------------------------------------------
     async def ensure_streams(self, *, replicas: int = 1) -> None:
@@ -194,7 +227,12 @@ class Bus:
                 log.info("stream_updated", stream=name)
 
     async def ensure_kv(self, *, replicas: int = 1) -> None:
-        """Create every bucket in ``koi.subjects.KV_BUCKETS`` (history 1) if missing."""
+        """Create every bucket in ``koi.subjects.KV_BUCKETS`` (history 1) if missing,
+        and the object stores for payloads too large for a message."""
+        await _create_store(functools.partial(
+            self.blobs.ensure, replicas=replicas, max_age_s=STREAM_MAX_AGE_S))
+        await _create_store(functools.partial(
+            self.kv_blobs.ensure, replicas=replicas, max_age_s=None))
         for bucket in subjects.KV_BUCKETS:
             config = api.KeyValueConfig(bucket=bucket, history=1, replicas=replicas,
                                         storage=api.StorageType.FILE,
@@ -217,7 +255,53 @@ class Bus:
         hdrs = dict(headers or {})
         if msg_id:
             hdrs[api.Header.MSG_ID] = msg_id
-        return await self.js.publish(subject, data, timeout=timeout_s, headers=hdrs or None)
+        size = len(data)
+        data, hdrs = await self._outgoing(subject, data, hdrs, key=msg_id)
+        try:
+            return await self.js.publish(subject, data, timeout=timeout_s,
+                                         headers=hdrs or None)
+        except (nats.errors.MaxPayloadError, BadRequestError) as err:
+            # the client's own check, or the stream's max_msg_size (err 10054)
+            cause = f"{type(err).__name__}: {err}"
+            raise await self._refused(subject, size, cause, key=msg_id) from err
+
+    async def _outgoing(self, subject: str, data: bytes, headers: dict[str, str], *,
+                        key: str | None = None) -> tuple[bytes, dict[str, str]]:
+        """``(data, headers)`` as they can be sent: unchanged if they fit the server,
+        else an empty body and a reference to a blob holding ``data``."""
+        if self.blobs.fits(data, headers):
+            return data, headers
+        try:
+            name = await self.blobs.put(data)
+        except Exception as err:
+            cause = f"too large, and the blob store failed: {type(err).__name__}: {err}"
+            raise await self._refused(subject, len(data), cause, key=key) from err
+        return b"", {**headers, HEADER_BLOB: name, HEADER_BLOB_SIZE: str(len(data))}
+
+    async def _refused(self, subject: str, size: int, cause: str, *,
+                       key: str | None) -> PayloadRefused:
+        """Tell the operators why a message could not be sent; the exception to raise.
+        The event id is stable per message, so a retry loop re-announces it once per
+        duplicate window, not once per attempt."""
+        refused = PayloadRefused(subject, size, self.blobs.limit, _header_safe(cause))
+        log.error("payload_refused", subject=subject, bytes=size, limit=refused.limit,
+                  cause=refused.cause)
+        with contextlib.suppress(Exception):  # an event lost must not hide the refusal
+            await self.emit(events_pb2.OperatorEvent(
+                tick=_tick_or_zero(subject), severity=events_pb2.SEVERITY_ERROR,
+                kind=events_pb2.EVENT_KIND_BUS_ERROR, message=str(refused),
+                attributes={"subject": subject, "bytes": str(size),
+                            "limit": str(refused.limit), "cause": refused.cause},
+                event_id=f"refused.{self.name}.{key or subject}.{size}"))
+        return refused
+
+    async def resolve(self, msg: Any) -> bytes:
+        """A received message's payload as it was sent: its own bytes, or those of the
+        blob it refers to (``msg``: a core, JetStream or stream-read message)."""
+        name = blob_of(msg.headers)
+        if name is None:
+            return msg.data or b""
+        return await self.blobs.get(name)
 
     async def get_last(self, subject: str) -> bytes | None:
         """The last message stored on exactly ``subject``, or None if there is none."""
@@ -225,16 +309,24 @@ class Bus:
             raw = await self.js.get_last_msg(stream_of(subject), subject)
         except NotFoundError:
             return None
-        return raw.data or b""
+        return await self.resolve(raw)
+
+    async def has(self, subject: str) -> bool:
+        """Whether a message is stored on exactly ``subject`` (a blob is not fetched)."""
+        try:
+            await self.js.get_last_msg(stream_of(subject), subject)
+        except NotFoundError:
+            return False
+        return True
 
     async def wait_for(self, subject: str, timeout_s: float) -> bytes | None:
         """The last message on ``subject``, else the next one within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        arrived: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        arrived: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
 
         async def on_msg(msg: Msg) -> None:
             if not arrived.done():
-                arrived.set_result(msg.data)
+                arrived.set_result(msg)
 
         # subscribe *before* reading, so a message stored in between is not missed
         sub = await self.nc.subscribe(subject, cb=on_msg)
@@ -244,9 +336,10 @@ class Bus:
             if last is not None:
                 return last
             try:
-                return await asyncio.wait_for(arrived, max(0.0, deadline - time.monotonic()))
+                msg = await asyncio.wait_for(arrived, max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 return None
+            return await self.resolve(msg)
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
@@ -270,11 +363,15 @@ class Bus:
         return await self.publish(subject, event.SerializeToString(), msg_id=event.event_id)
 
     async def dead_letter(self, service: str, subject: str, data: bytes, error: str, *,
-                          msg_id: str | None = None, tick: int = 0) -> None:
-        """Park an undecodable payload on ``koi.dlq.<service>`` and tell the operators."""
+                          msg_id: str | None = None, tick: int = 0,
+                          headers: Mapping[str, str] | None = None) -> None:
+        """Park an undecodable payload on ``koi.dlq.<service>`` and tell the operators
+        (``headers``: the original message's, kept when they refer to a blob)."""
         error = _header_safe(error)
+        kept = {k: v for k, v in (headers or {}).items() if k in (HEADER_BLOB, HEADER_BLOB_SIZE)}
         await self.publish(subjects.dlq_subject(service), data, msg_id=msg_id,
-                           headers={HEADER_ORIGINAL_SUBJECT: subject, HEADER_ERROR: error})
+                           headers={**kept, HEADER_ORIGINAL_SUBJECT: subject,
+                                    HEADER_ERROR: error})
         await self.emit(events_pb2.OperatorEvent(
             tick=tick, severity=events_pb2.SEVERITY_ERROR, kind=events_pb2.EVENT_KIND_DLQ,
             service=service, message=f"undecodable message on {subject}: {error}",
@@ -313,20 +410,37 @@ class Bus:
 
         async def on_msg(msg: Msg) -> None:
             try:
-                reply = await handler(msg.subject, msg.data, msg.headers)
+                reply = await handler(msg.subject, await self._resolve_or_undecodable(msg),
+                                      msg.headers)
             except Undecodable as err:
-                await self.dead_letter(self.name, msg.subject, msg.data, str(err))
+                await self.dead_letter(self.name, msg.subject, msg.data, str(err),
+                                       headers=msg.headers)
                 await self._reply_error(msg, f"undecodable: {err}")
             except Exception as err:
                 log.exception("responder_failed", subject=msg.subject)
                 await self._reply_error(msg, f"{type(err).__name__}: {err}")
             else:
-                if msg.reply:
-                    await self.nc.publish(msg.reply, reply or b"")
+                with contextlib.suppress(PayloadRefused):  # announced; the asker times out
+                    await self.respond(msg, reply or b"")
 
         sub = Subscription(await self.nc.subscribe(subject, queue=queue, cb=on_msg))
         self._subscriptions.append(sub)
         return sub
+
+    async def _resolve_or_undecodable(self, msg: Msg) -> bytes:
+        """``resolve``, with a reference whose blob is gone as ``Undecodable``: it will
+        never resolve, so retrying it would only hold the consumer."""
+        try:
+            return await self.resolve(msg)
+        except ObjectNotFoundError as err:
+            raise Undecodable(f"blob {blob_of(msg.headers)} of this message is gone "
+                              f"(aged out or deleted): {type(err).__name__}") from err
+
+    async def respond(self, msg: Msg, data: bytes) -> None:
+        """Answer a core request (a blob reference if ``data`` is too large)."""
+        if msg.reply:
+            data, hdrs = await self._outgoing(msg.subject, data, {})
+            await self.nc.publish(msg.reply, data, headers=hdrs or None)
 
     async def _reply_error(self, msg: Msg, error: str) -> None:
         if msg.reply:
@@ -335,10 +449,11 @@ class Bus:
     async def request(self, subject: str, data: bytes, timeout_s: float) -> bytes:
         """Ask whoever answers ``subject``; raises ``RemoteError`` if the responder
         failed, nats' ``TimeoutError`` / ``NoRespondersError`` if nobody answered."""
-        msg = await self.nc.request(subject, data, timeout=timeout_s)
+        data, hdrs = await self._outgoing(subject, data, {})
+        msg = await self.nc.request(subject, data, timeout=timeout_s, headers=hdrs or None)
         if msg.headers and HEADER_ERROR in msg.headers:
             raise RemoteError(msg.headers[HEADER_ERROR])
-        return msg.data
+        return await self.resolve(msg)
 
     # -- key/value --------------------------------------------------------------------------
     async def _bucket(self, bucket: str) -> KeyValue:
@@ -347,31 +462,87 @@ class Bus:
             kv = self._kv[bucket] = await self.js.key_value(bucket)
         return kv
 
-    async def kv_get(self, bucket: str, key: str) -> tuple[bytes, int] | None:
-        """(value, revision), or None when the key is absent or deleted."""
+    async def _kv_raw(self, bucket: str, key: str) -> tuple[bytes, int] | None:
         try:
             entry = await (await self._bucket(bucket)).get(key)
         except KeyNotFoundError:
             return None
         return entry.value or b"", int(entry.revision or 0)
 
+    async def kv_get(self, bucket: str, key: str) -> tuple[bytes, int] | None:
+        """(value, revision), or None when the key is absent or deleted."""
+        for _ in range(3):
+            got = await self._kv_raw(bucket, key)
+            name = kv_blob_of(got[0]) if got is not None else None
+            if got is None or name is None:
+                return got
+            self._kv_refs[(bucket, key)] = name
+            try:
+                return await self.kv_blobs.get(name), got[1]
+            except ObjectNotFoundError:
+                # superseded (and deleted) between reading the key and its blob: read again
+                if (await self._kv_raw(bucket, key) or (b"", -1))[1] == got[1]:
+                    raise
+        raise ObjectNotFoundError
+
+    async def _kv_write(self, bucket: str, key: str, value: bytes,
+                        write: Callable[[bytes], Awaitable[int | None]]) -> int | None:
+        """``write`` ``value``, or a reference to it when it is too large; then delete the
+        blob the key held before (known from this process's reads and writes, or read
+        back when the new value is a blob too: the old one usually was)."""
+        stored = value
+        if not self.kv_blobs.fits(value):
+            old = self._kv_refs.get((bucket, key))
+            if old is None and (raw := await self._kv_raw(bucket, key)) is not None:
+                old = kv_blob_of(raw[0])
+                if old:
+                    self._kv_refs[(bucket, key)] = old
+            try:
+                stored = kv_reference(await self.kv_blobs.put(value), len(value))
+            except Exception as err:
+                cause = f"too large, and the blob store failed: {type(err).__name__}: {err}"
+                raise await self._refused(f"$KV.{bucket}.{key}", len(value), cause,
+                                          key=None) from err
+        written = kv_blob_of(stored)
+        revision = await write(stored)
+        if revision is None:  # someone else's value won: our blob is nobody's
+            doomed = written
+        else:
+            doomed = self._kv_refs.pop((bucket, key), None)
+            if written:
+                self._kv_refs[(bucket, key)] = written
+        if doomed and (revision is None or doomed != written):
+            with contextlib.suppress(Exception):  # an orphan costs space, not correctness
+                await self.kv_blobs.delete(doomed)
+        return revision
+
     async def kv_put(self, bucket: str, key: str, value: bytes) -> int:
-        return int(await (await self._bucket(bucket)).put(key, value))
+        kv = await self._bucket(bucket)
+        return int(await self._kv_write(bucket, key, value, functools.partial(kv.put, key))
+                   or 0)  # a put always writes: never None
 
     async def kv_update(self, bucket: str, key: str, value: bytes,
                         last_revision: int) -> int | None:
         """Write only if the key is still at ``last_revision``; None if someone else won."""
-        try:
-            return int(await (await self._bucket(bucket)).update(key, value, last_revision))
-        except KeyWrongLastSequenceError:
-            return None
+        kv = await self._bucket(bucket)
+
+        async def update(stored: bytes) -> int | None:
+            try:
+                return int(await kv.update(key, stored, last_revision))
+            except KeyWrongLastSequenceError:
+                return None
+        return await self._kv_write(bucket, key, value, update)
 
     async def kv_create(self, bucket: str, key: str, value: bytes) -> int | None:
         """Write only if the key does not exist; None if it does."""
-        try:
-            return int(await (await self._bucket(bucket)).create(key, value))
-        except KeyWrongLastSequenceError:
-            return None
+        kv = await self._bucket(bucket)
+
+        async def create(stored: bytes) -> int | None:
+            try:
+                return int(await kv.create(key, stored))
+            except KeyWrongLastSequenceError:
+                return None
+        return await self._kv_write(bucket, key, value, create)
 
     # -- shutdown ---------------------------------------------------------------------------
     async def close(self) -> None:
@@ -455,10 +626,10 @@ class Consumer:
                          seq=meta.sequence.stream, delivered=meta.num_delivered, msg_id=msg_id)
         keepalive = asyncio.create_task(self._keep_alive(msg))
         try:
-            payload: Any = msg.data
+            data = payload = await self._bus._resolve_or_undecodable(msg)
             if self._decode is not None:
                 try:
-                    payload = self._decode(msg.data)
+                    payload = self._decode(data)
                 except Exception as err:
                     raise Undecodable(f"{type(err).__name__}: {err}") from err
             # the handler's own log lines carry the tick and message id too
@@ -471,11 +642,14 @@ class Consumer:
             keepalive.cancel()
             await _settle(msg.nak())
             raise
-        except Exception:
+        except Exception as err:
             keepalive.cancel()
             self.failed += 1
             bound.exception("handler_failed")
-            await _settle(msg.nak(delay=self._nak_delay_s))
+            delay = self._nak_delay_s
+            if isinstance(err, PayloadRefused):  # announced; retry as the cause may pass
+                delay = min(_REFUSED_RETRY_MAX_S, delay * 2 ** min(meta.num_delivered, 8))
+            await _settle(msg.nak(delay=delay))
         else:
             keepalive.cancel()
             self.processed += 1
@@ -485,7 +659,8 @@ class Consumer:
         letter_id = f"dlq.{self.service}.{msg_id or _stream_seq(msg)}"
         try:
             await self._bus.dead_letter(self.service, msg.subject, msg.data, error,
-                                        msg_id=letter_id, tick=_tick_or_zero(msg.subject))
+                                        msg_id=letter_id, tick=_tick_or_zero(msg.subject),
+                                        headers=msg.headers)
         except Exception:
             # could not park it: leave it to redelivery rather than lose it
             bound.exception("dead_letter_failed")

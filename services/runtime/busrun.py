@@ -16,13 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nats
-
 from koi import subjects
 from koi.cluster import PlanDecision
 from koi.v1 import bus_pb2, work_pb2
 from koi.wire import planning
+from services.runtime.bus import Bus
 from services.runtime.launcher import ALL, Supervisor
+from services.runtime.permissions import ADMIN
+from services.runtime.security import Security, connect_nats
+from services.runtime.settings import NatsAuth
 
 TickHook = Callable[[int, Supervisor], None]
 
@@ -47,6 +49,18 @@ class BusRun:
     replicas: dict[str, int] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 600.0
+    service_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    # a ``Security`` (a secure NATS): each service then runs as its own NATS user, and
+    # this run reads the results back as admin
+    security: Security | None = None
+
+    def __post_init__(self) -> None:
+        if self.security is not None:
+            for name, own in self.security.service_env(ALL).items():
+                self.service_env[name] = {**own, **self.service_env.get(name, {})}
+
+    def _auth(self) -> NatsAuth | None:
+        return self.security.auth(ADMIN) if self.security is not None else None
 
     def env(self) -> dict[str, str]:
         return {"KOI_NATS_URL": self.nats_url, "KOI_REDIS_URL": self.redis_url,
@@ -56,7 +70,8 @@ class BusRun:
                 **self.extra_env}
 
     def run(self, on_tick: TickHook | None = None) -> BusRunResult:
-        with Supervisor(self.env(), self.log_dir, dict(self.replicas)) as sup:
+        with Supervisor(self.env(), self.log_dir, dict(self.replicas),
+                        service_env=dict(self.service_env)) as sup:
             t0 = time.perf_counter()
             sup.start(ALL)
             sup.watch(0.2)
@@ -67,7 +82,7 @@ class BusRun:
         return BusRunResult(summary, wall, decisions, restarts, self.log_dir)
 
     async def _wait(self, sup: Supervisor, on_tick: TickHook | None) -> work_pb2.RunSummary:
-        nc = await nats.connect(self.nats_url, connect_timeout=10)
+        nc = await connect_nats(self.nats_url, self._auth(), connect_timeout=10)
         seen: set[int] = set()
 
         async def on_status(msg) -> None:
@@ -92,15 +107,15 @@ class BusRun:
                            f"{self.log_dir}")
 
     async def _decisions(self, ticks: int) -> dict[int, PlanDecision]:
-        nc = await nats.connect(self.nats_url, connect_timeout=10)
-        js = nc.jetstream()
+        nc = await connect_nats(self.nats_url, self._auth(), connect_timeout=10)
+        js, bus = nc.jetstream(), Bus(nc, "busrun")  # bus: resolves blob references
         out = {}
         try:
             for n in range(ticks):
                 with contextlib.suppress(Exception):
                     msg = await js.get_last_msg(subjects.STREAM_TICKS,
                                                 subjects.tick_subject(n, "actions"))
-                    out[n] = planning.decode_actions(msg.data)[0]
+                    out[n] = planning.decode_actions(await bus.resolve(msg))[0]
         finally:
             await nc.close()
         return out

@@ -31,6 +31,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import structlog
 
@@ -112,6 +113,8 @@ class EmbeddedServer:
         self._command = command
         self._ready = ready
         self._proc: subprocess.Popen[bytes] | None = None
+        # NATS started secure: where its CA and users' passwords lie (a ``Security``)
+        self.security: Any = None
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self, timeout_s: float = 15.0) -> EmbeddedServer:
@@ -223,11 +226,17 @@ def _nats_ready(server: EmbeddedServer) -> bool:
 
 
 def start_nats(*, port: int | None = None, store_dir: Path | None = None,
-               max_payload_mb: int = 8) -> EmbeddedServer:
+               max_payload_mb: int = 8, secure: bool = False,
+               secrets_dir: Path | None = None) -> EmbeddedServer:
     """NATS with JetStream on 127.0.0.1 (a free port by default), storing in ``store_dir``
     (a temporary directory, removed on stop, by default). ``max_payload_mb`` raises the
     1 MiB default message size limit; it is set in a generated config file because
-    nats-server has no command-line flag for it."""
+    nats-server has no command-line flag for it.
+
+    ``secure`` turns on accounts (one user per role, ``services/runtime/permissions.py``)
+    and TLS with a CA made for it: the secrets go to ``secrets_dir`` (``<store>/secrets``
+    by default; kept and reused when given), ``server.security`` says where, and the URL
+    is ``tls://``. The config file then holds the passwords in clear and is 0600."""
     binary = nats_server_binary()
     if max_payload_mb < 1 or max_payload_mb > 64:
         raise ValueError(f"max_payload_mb must be in 1..64 (got {max_payload_mb})")
@@ -238,14 +247,24 @@ def start_nats(*, port: int | None = None, store_dir: Path | None = None,
             else Path(store_dir)
         workdir.mkdir(parents=True, exist_ok=True)
         monitor_port = free_port()
-        (workdir / "nats.conf").write_text(
-            f"listen: 127.0.0.1:{client_port}\n"
-            f"http: 127.0.0.1:{monitor_port}\n"
-            f"max_payload: {max_payload_mb * _MIB}\n"
-            f"jetstream {{\n  store_dir: {json.dumps(str(workdir))}\n}}\n")
-        return EmbeddedServer("nats", "nats", client_port, workdir, owns,
-                              lambda s: [str(binary), "-c", str(s.workdir / "nats.conf")],
-                              _nats_ready, monitor_port=monitor_port)
+        config = (f"listen: 127.0.0.1:{client_port}\n"
+                  f"http: 127.0.0.1:{monitor_port}\n"
+                  f"max_payload: {max_payload_mb * _MIB}\n"
+                  f"jetstream {{\n  store_dir: {json.dumps(str(workdir))}\n}}\n")
+        security = None
+        if secure:
+            from services.runtime.security import init_security, write_secret
+
+            security = init_security(secrets_dir or workdir / "secrets")
+            write_secret(workdir / "nats.conf",
+                         config + (security.root / "nats-auth.conf").read_text())
+        else:
+            (workdir / "nats.conf").write_text(config)
+        server = EmbeddedServer("nats", "tls" if secure else "nats", client_port, workdir,
+                                owns, lambda s: [str(binary), "-c", str(s.workdir / "nats.conf")],
+                                _nats_ready, monitor_port=monitor_port)
+        server.security = security
+        return server
 
     return _start(make, port)
 

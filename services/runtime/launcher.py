@@ -65,13 +65,17 @@ class Supervisor:
     env: dict[str, str]
     log_dir: Path
     replicas: dict[str, int] = field(default_factory=dict)
+    # per service: variables over ``env`` (e.g. the fault suite routes one service's NATS
+    # link through a proxy)
+    service_env: dict[str, dict[str, str]] = field(default_factory=dict)
     children: list[Child] = field(default_factory=list)
     stopping: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
 
     def _spawn(self, service: str, replica: int) -> subprocess.Popen:
-        env = {**os.environ, **self.env, "KOI_REPLICA": str(replica)}
+        env = {**os.environ, **self.env, **self.service_env.get(service, {}),
+               "KOI_REPLICA": str(replica)}
         path = self.log_dir / f"{service}-{replica}.log"
         out = open(path, "ab")  # noqa: SIM115 - the child owns it for its lifetime
         try:

@@ -6,6 +6,12 @@ and the bound keys (``log.info("plan_published", tick=n, jobs=k)``). ``fmt="cons
 renders the same events for a human at a terminal. Records from libraries that use the
 standard ``logging`` module (nats-py) go through the same renderer.
 
+Every line is one line of bounded length, whatever the values hold: the JSON renderer
+escapes control characters itself, and in the console format ``_safe_values`` escapes
+them (``koi.safe_text.printable``: a job id with CR/LF cannot forge a second line, an ESC
+cannot rewrite the terminal); in both, a string value is cut at ``VALUE_CHARS``.
+Tracebacks are plain text without frame locals (payloads, credentials) in both formats.
+
 No service logic here, and nothing that reads the environment: the caller passes the
 level and format (``ServiceSettings.log_level`` / ``log_format``).
 """
@@ -18,6 +24,8 @@ from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
+
+from koi.safe_text import printable
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
 FORMATS = ("json", "console")
@@ -32,6 +40,44 @@ def _leading_keys(_logger: Any, _name: str,
     ordered = {key: event.pop(key) for key in _LEADING if key in event}
     ordered.update(event)
     return ordered
+
+
+VALUE_CHARS = 2000        # a longer string value is cut, with its length said
+TRACEBACK_CHARS = 20_000  # a traceback keeps its lines, each escaped and capped
+_SCALARS = (int, float, bool, type(None))
+_MULTILINE = ("exception", "stack")  # printed under the line by the console renderer
+
+
+def _cap_values(_logger: Any, _name: str,
+                event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """JSON format: cut long string values (json.dumps already escapes control
+    characters, so escaping here would only double the backslashes)."""
+    for key, value in event.items():
+        if key in _MULTILINE and isinstance(value, str):
+            if len(value) > TRACEBACK_CHARS:  # keep its newlines: json escapes them once
+                event[key] = f"{value[:TRACEBACK_CHARS]}…[{len(value):,} chars]"
+        elif isinstance(value, str) and len(value) > VALUE_CHARS:
+            event[key] = printable(value, VALUE_CHARS)
+    return event
+
+
+def _safe_values(_logger: Any, _name: str,
+                 event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Console format: every key and value as escaped, capped text, so that no value can
+    end the line or send terminal escapes (the console renderer prints strings raw).
+    A traceback stays on its own lines, each indented under a ``|`` and escaped."""
+    safe: dict[str, Any] = {}
+    for key, value in event.items():
+        name = printable(str(key), 100)
+        if key in _MULTILINE and isinstance(value, str):
+            lines = printable(value, TRACEBACK_CHARS).split("\\n")
+            safe[name] = "\n".join(f"  | {line}" for line in lines)
+        elif isinstance(value, _SCALARS):
+            safe[name] = value
+        else:
+            text = value if isinstance(value, str) else repr(value)
+            safe[name] = printable(text, VALUE_CHARS)
+    return safe
 
 
 def configure_logging(service: str, level: str = "info", fmt: str = "json") -> None:
@@ -55,17 +101,20 @@ def configure_logging(service: str, level: str = "info", fmt: str = "json") -> N
         add_service,
     ]
     renderer: Any
+    # a traceback as one string field: no frame locals (payloads, credentials) in logs;
+    # the console renderer's own (rich) formatter would print every frame's locals
+    shared_tail: list[Any] = [structlog.processors.format_exc_info,
+                              structlog.processors.UnicodeDecoder()]
     if fmt == "json":
         renderer = structlog.processors.JSONRenderer(sort_keys=False)
-        # a traceback as one string field: no frame locals (payloads, credentials) in logs
-        shared_tail: list[Any] = [structlog.processors.format_exc_info, _leading_keys]
+        shared_tail += [_leading_keys, _cap_values]
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
-        shared_tail = []
+        shared_tail += [_safe_values]
 
     structlog.configure(
         processors=[*shared, structlog.processors.StackInfoRenderer(), *shared_tail,
-                    structlog.processors.UnicodeDecoder(), renderer],
+                    renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,  # a later configure_logging() must take effect

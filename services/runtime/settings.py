@@ -2,19 +2,29 @@
 
 Every variable a service, the demo, ``compose/`` or the Kubernetes manifests name is
 declared in ``ENV`` with its default and meaning (a test checks the manifests against
-it). ``ServiceSettings.from_env()`` reads them once at start-up; bad values fail there
+it). ``ServiceSettings.from_env()`` reads them once at start-up; bad values (not a
+number, out of bounds, not a host:port address, an unreadable password file) fail there
 with the variable's name.
+No secret value ever appears in an error message or a repr.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 # name → (default, meaning)
 ENV: dict[str, tuple[str, str]] = {
-    "KOI_NATS_URL": ("nats://127.0.0.1:4222", "NATS server(s), comma-separated"),
+    "KOI_NATS_URL": ("nats://127.0.0.1:4222", "NATS server(s), comma-separated; tls://… "
+                     "requires TLS"),
+    "KOI_NATS_USER": ("", "NATS user of this process (one per service); empty = no auth"),
+    "KOI_NATS_PASSWORD": ("", "that user's password (prefer KOI_NATS_PASSWORD_FILE)"),
+    "KOI_NATS_PASSWORD_FILE": ("", "file holding that user's password (a mounted Secret)"),
+    "KOI_NATS_CA": ("", "CA certificate (PEM) to trust for NATS TLS; set = TLS on"),
     "KOI_REDIS_URL": ("", "Redis for the prediction cache; empty = no cache"),
     "KOI_SCENARIO": ("hetero-3h", "scenario the sim service runs (name or YAML path)"),
     "KOI_SEED": ("1", "seed of the simulated world and the jobs"),
@@ -23,6 +33,13 @@ ENV: dict[str, tuple[str, str]] = {
     "KOI_POLICY": ("koi", "planner variant: koi | koi-no-causal | koi-no-learning | koi-no-dro"
                    " | koi-ttft-nominal"),
     "KOI_GRPC_ADDR": ("127.0.0.1:50051", "planner-api's gRPC listen address"),
+    "KOI_GRPC_TLS_CERT": ("", "planner-api's TLS certificate (PEM); with the key = TLS only"),
+    "KOI_GRPC_TLS_KEY": ("", "that certificate's private key (PEM)"),
+    "KOI_GRPC_TOKEN": ("", "bearer token every gRPC call but health must carry; empty = none"
+                       " (prefer KOI_GRPC_TOKEN_FILE)"),
+    "KOI_GRPC_TOKEN_FILE": ("", "file holding that token (a mounted Secret)"),
+    "KOI_GRPC_HEALTH_ADDR": ("", "planner-api's plaintext listen address for grpc.health.v1"
+                             " alone (probes that cannot speak TLS); empty = none"),
     "KOI_STAGE_DEADLINE_S": ("60", "seconds a tick waits for a stage before it degrades"),
     "KOI_LOG_LEVEL": ("info", "debug | info | warning | error"),
     "KOI_LOG_FORMAT": ("json", "json (structlog JSON lines) | console"),
@@ -30,6 +47,18 @@ ENV: dict[str, tuple[str, str]] = {
     "KOI_LEASE_TTL_S": ("5", "placer leader lease: seconds before a standby takes over"),
     "KOI_EVAL_SHARD": ("2000", "candidates per evaluator work item"),
 }
+
+# numeric variables: name → (type, lowest, highest), both ends allowed
+BOUNDS: dict[str, tuple[type, float, float]] = {
+    "KOI_SEED": (int, 0, 2**63 - 1),
+    "KOI_HORIZON_S": (float, 1e-3, 10 * 365 * 86400.0),
+    "KOI_SAMPLE_FRACTION": (float, 1e-6, 1.0),
+    "KOI_STAGE_DEADLINE_S": (float, 1e-3, 3600.0),
+    "KOI_REPLICA": (int, 0, 10_000),
+    "KOI_LEASE_TTL_S": (float, 0.1, 3600.0),
+    "KOI_EVAL_SHARD": (int, 1, 10_000_000),
+}
+_USER = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def env(name: str, environ: Mapping[str, str] | None = None) -> str:
@@ -40,11 +69,91 @@ def env(name: str, environ: Mapping[str, str] | None = None) -> str:
     return source.get(name) or ENV[name][0]
 
 
-def _number(name: str, raw: str, kind: type) -> float | int:
+def number(name: str, raw: str) -> float | int:
+    """``raw`` as the type ``BOUNDS`` gives ``name``, refused outside its bounds."""
+    kind, low, high = BOUNDS[name]
     try:
-        return kind(raw)
+        value = kind(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+    if not math.isfinite(value) or not low <= value <= high:
+        raise ValueError(f"{name}={raw!r} is out of bounds: must be in [{low:g}, {high:g}]")
+    return value
+
+
+def redact_url(url: str) -> str:
+    """``url`` (or a comma-separated list) with any ``user:password@`` replaced by
+    ``***@``: what log lines and error messages may show of a server address."""
+    return re.sub(r"(?<=://)[^/@,]*@", "***@", url)
+
+
+@dataclass(frozen=True)
+class NatsAuth:
+    """Who a process is on NATS and which CA it trusts. The password is kept out of the
+    repr; an empty user means no credentials (a server without auth)."""
+
+    user: str = ""
+    password: str = field(default="", repr=False)
+    ca_file: str = ""
+
+    @staticmethod
+    def from_env(environ: Mapping[str, str] | None = None) -> NatsAuth:
+        def get(name: str) -> str:
+            return env(name, environ)
+
+        user, password = get("KOI_NATS_USER"), get("KOI_NATS_PASSWORD")
+        password_file, ca = get("KOI_NATS_PASSWORD_FILE"), get("KOI_NATS_CA")
+        if password and password_file:
+            raise ValueError("set KOI_NATS_PASSWORD or KOI_NATS_PASSWORD_FILE, not both")
+        if password_file:
+            try:
+                password = Path(password_file).read_text().strip()
+            except OSError as err:
+                raise ValueError(f"KOI_NATS_PASSWORD_FILE={password_file!r} cannot be read "
+                                 f"({type(err).__name__})") from None
+        if user and not _USER.match(user):
+            raise ValueError(f"KOI_NATS_USER={user!r}: letters, digits, '_' and '-' only")
+        if bool(user) != bool(password):
+            raise ValueError("KOI_NATS_USER and a password (KOI_NATS_PASSWORD or "
+                             "KOI_NATS_PASSWORD_FILE) go together: set both or neither")
+        if ca and not Path(ca).is_file():
+            raise ValueError(f"KOI_NATS_CA={ca!r} is not a file")
+        return NatsAuth(user, password, ca)
+
+
+def listen_addr(name: str, raw: str) -> str:
+    """``raw`` as a ``host:port`` listen address (port 0-65535; 0 = any free port)."""
+    host, _, port = raw.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{name}={raw!r} is not a host:port address (port 0-65535)")
+    return raw
+
+
+def grpc_health_addr(raw: str, grpc_addr: str) -> str:
+    """The health-only listen address ("" = none), refused on the main port itself."""
+    if not raw:
+        return ""
+    listen_addr("KOI_GRPC_HEALTH_ADDR", raw)
+    port = raw.rpartition(":")[2]
+    if port != "0" and port == grpc_addr.rpartition(":")[2]:
+        raise ValueError(f"KOI_GRPC_HEALTH_ADDR={raw!r} uses KOI_GRPC_ADDR's port "
+                         f"({grpc_addr!r}): the health listener needs a port of its own")
+    return raw
+
+
+def grpc_token(token: str, token_file: str) -> str:
+    """planner-api's bearer token, from the variable or the file (not both); "" = none."""
+    if token and token_file:
+        raise ValueError("set KOI_GRPC_TOKEN or KOI_GRPC_TOKEN_FILE, not both")
+    if token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as err:
+            raise ValueError(f"KOI_GRPC_TOKEN_FILE={token_file!r} cannot be read "
+                             f"({type(err).__name__})") from None
+        if not token:
+            raise ValueError(f"KOI_GRPC_TOKEN_FILE={token_file!r} is empty")
+    return token
 
 
 @dataclass(frozen=True)
@@ -63,6 +172,11 @@ class ServiceSettings:
     replica: int
     lease_ttl_s: float
     eval_shard: int
+    nats_auth: NatsAuth = NatsAuth()
+    grpc_tls_cert: str = ""
+    grpc_tls_key: str = ""
+    grpc_token: str = field(default="", repr=False)
+    grpc_health_addr: str = ""
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> ServiceSettings:
@@ -72,17 +186,23 @@ class ServiceSettings:
         horizon, fraction = get("KOI_HORIZON_S"), get("KOI_SAMPLE_FRACTION")
         return ServiceSettings(
             nats_url=get("KOI_NATS_URL"), redis_url=get("KOI_REDIS_URL"),
-            scenario=get("KOI_SCENARIO"), seed=int(_number("KOI_SEED", get("KOI_SEED"), int)),
-            horizon_s=float(_number("KOI_HORIZON_S", horizon, float)) if horizon else None,
-            sample_fraction=(float(_number("KOI_SAMPLE_FRACTION", fraction, float))
+            scenario=get("KOI_SCENARIO"), seed=int(number("KOI_SEED", get("KOI_SEED"))),
+            horizon_s=float(number("KOI_HORIZON_S", horizon)) if horizon else None,
+            sample_fraction=(float(number("KOI_SAMPLE_FRACTION", fraction))
                              if fraction else None),
-            policy=get("KOI_POLICY"), grpc_addr=get("KOI_GRPC_ADDR"),
-            stage_deadline_s=float(_number("KOI_STAGE_DEADLINE_S",
-                                           get("KOI_STAGE_DEADLINE_S"), float)),
+            policy=get("KOI_POLICY"),
+            grpc_addr=listen_addr("KOI_GRPC_ADDR", get("KOI_GRPC_ADDR")),
+            stage_deadline_s=float(number("KOI_STAGE_DEADLINE_S",
+                                          get("KOI_STAGE_DEADLINE_S"))),
             log_level=get("KOI_LOG_LEVEL"), log_format=get("KOI_LOG_FORMAT"),
-            replica=int(_number("KOI_REPLICA", get("KOI_REPLICA"), int)),
-            lease_ttl_s=float(_number("KOI_LEASE_TTL_S", get("KOI_LEASE_TTL_S"), float)),
-            eval_shard=int(_number("KOI_EVAL_SHARD", get("KOI_EVAL_SHARD"), int)))
+            replica=int(number("KOI_REPLICA", get("KOI_REPLICA"))),
+            lease_ttl_s=float(number("KOI_LEASE_TTL_S", get("KOI_LEASE_TTL_S"))),
+            eval_shard=int(number("KOI_EVAL_SHARD", get("KOI_EVAL_SHARD"))),
+            nats_auth=NatsAuth.from_env(environ),
+            grpc_tls_cert=get("KOI_GRPC_TLS_CERT"), grpc_tls_key=get("KOI_GRPC_TLS_KEY"),
+            grpc_token=grpc_token(get("KOI_GRPC_TOKEN"), get("KOI_GRPC_TOKEN_FILE")),
+            grpc_health_addr=grpc_health_addr(get("KOI_GRPC_HEALTH_ADDR"),
+                                              get("KOI_GRPC_ADDR")))
 
 
 # service name (as `koi serve NAME` takes it) → module under services/

@@ -4,6 +4,8 @@ The replica whose durable consumer got the tick is the coordinator: it cuts the 
 into items, requests each on the work subject (any replica of the queue group, itself
 included, answers), and joins the answers in order. An item nobody answers in time is
 done by the coordinator itself, so a replica dying mid-tick costs time, not the tick.
+Items and answers go through ``Bus.request``/``Bus.respond``, so one larger than the
+server's ``max_payload`` travels as a blob reference like any other Koi message.
 """
 
 from __future__ import annotations
@@ -25,11 +27,10 @@ async def serve_work(bus: Bus, subject: str, queue: str, work: Work):
 
     async def on_item(msg) -> None:
         try:
-            reply = await work(msg.data)
+            reply = await work(await bus.resolve(msg))
+            await bus.respond(msg, reply)
         except Exception as exc:  # the coordinator times out and does it itself
             log.warning("work_item_failed", subject=subject, error=repr(exc))
-            return
-        await msg.respond(reply)
 
     return await bus.nc.subscribe(subject, queue=queue, cb=on_item)
 
@@ -40,8 +41,7 @@ async def share(bus: Bus, subject: str, items: Sequence[bytes], work: Work,
 
     async def one(item: bytes) -> bytes:
         try:
-            reply = await bus.nc.request(subject, item, timeout=timeout_s)
-            return reply.data
+            return await bus.request(subject, item, timeout_s)
         except Exception as exc:  # no responders, timeout, connection trouble
             log.warning("work_item_local", subject=subject, error=repr(exc))
             return await work(item)

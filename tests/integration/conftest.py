@@ -4,6 +4,8 @@ One server of each per session, embedded from the wheels on free ports, or the o
 ``KOI_NATS_URL`` / ``KOI_REDIS_URL`` when those are set (never the system's defaults).
 ``bus`` hands each test a connected ``Bus`` with every Koi stream and bucket present and
 empty. Tests that stop or kill a server get their own from ``own_nats`` / ``own_valkey``.
+``secure_nats`` is a NATS with TLS and one user per role (services/runtime/security.py);
+``secure_bus`` connects to it as admin, with the same clean state as ``bus``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest_asyncio
 
 from services.runtime.bus import Bus, connect, delete_koi_state
 from services.runtime.embedded import EmbeddedServer, start_nats, start_valkey
+from services.runtime.permissions import ADMIN
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +52,28 @@ async def reset_koi_state(bus: Bus) -> None:
     await delete_koi_state(bus.js)
     await bus.ensure_streams()
     await bus.ensure_kv()
+
+
+@pytest.fixture(scope="session")
+def secure_nats() -> Iterator[EmbeddedServer]:
+    """An embedded NATS requiring TLS and a password, one user per role;
+    ``secure_nats.security`` holds the CA and each user's password file."""
+    server = start_nats(secure=True)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest_asyncio.fixture
+async def secure_bus(secure_nats: EmbeddedServer) -> AsyncIterator[Bus]:
+    connected = await connect(secure_nats.url, "test-admin", wait_s=10,
+                              auth=secure_nats.security.auth(ADMIN))
+    await reset_koi_state(connected)
+    try:
+        yield connected
+    finally:
+        await connected.close()
 
 
 @pytest_asyncio.fixture

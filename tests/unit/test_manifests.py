@@ -3,8 +3,9 @@
 Checks docker-compose.yml, compose/k8s/*.yaml, the Dockerfile and compose/README.md
 against ``services/runtime/settings.py``: every service in ``SERVICES`` has a compose
 service and a Kubernetes Deployment, nothing runs Koi under a name ``SERVICES`` lacks,
-every ``KOI_*`` variable named is declared in ``ENV``, and the replicas, ports, probes and
-labels are what DESIGN §2 and §5 ask for. The service list always comes from
+every ``KOI_*`` variable named is declared in ``ENV``, the replicas, ports, probes and
+labels are what DESIGN §2 and §5 ask for, and planner-api's gRPC runs with TLS and a
+token from mounted secrets, probed on its plaintext health-only port. The service list always comes from
 ``SERVICES``, so a new service without manifests fails here. Files are parsed only:
 no docker, no cluster.
 """
@@ -31,12 +32,16 @@ K8S_DIR = COMPOSE_DIR / "k8s"
 README = COMPOSE_DIR / "README.md"
 
 INFRA = {"nats", "redis"}  # compose services that are not Koi's
+SETUP = "koi-secrets"      # compose's one-shot `koi security init` (CA, users, nats.conf)
+SECRETS_DIR = "/run/secrets/koi"  # where a service finds its NATS password and the CA
 IMAGE = "koi:latest"
 NAMESPACE = "koi"
 CONFIG_MAP = "koi-config"
 SCALED_OUT = {"proposer": 2, "evaluator": 2}  # queue groups (DESIGN §2)
 K8S_SCALED_OUT = {**SCALED_OUT, "placer": 2}  # + leader and standby (DESIGN §5)
 GRPC_PORT = int(ENV["KOI_GRPC_ADDR"][0].rpartition(":")[2])
+GRPC_HEALTH_PORT = 50052  # planner-api's plaintext, health-only port in both
+GRPC_FILES = ("KOI_GRPC_TLS_CERT", "KOI_GRPC_TLS_KEY", "KOI_GRPC_TOKEN_FILE")
 KOI_VAR = re.compile(r"\bKOI_[A-Z0-9_]+\b")
 
 
@@ -94,8 +99,25 @@ def test_every_service_runs_in_compose(name: str) -> None:
     assert service["restart"] == "unless-stopped"
     assert set(service["depends_on"]) >= INFRA
     env = compose_env(service)
-    assert env["KOI_NATS_URL"] == "nats://nats:4222"
+    assert env["KOI_NATS_URL"] == "tls://nats:4222"
     assert env["KOI_REDIS_URL"] == "redis://redis:6379/0"
+    # its own NATS user, and only its own user's files mounted
+    assert env["KOI_NATS_USER"] == name
+    assert env["KOI_NATS_PASSWORD_FILE"] == f"{SECRETS_DIR}/password"
+    assert env["KOI_NATS_CA"] == f"{SECRETS_DIR}/ca.pem"
+    (mount,) = [v for v in service["volumes"] if isinstance(v, dict)
+                and v.get("target") == SECRETS_DIR]
+    assert mount["source"] == SETUP and mount["read_only"] is True
+    assert mount["volume"]["subpath"] == f"users/{name}"
+
+
+def test_compose_nats_runs_the_generated_config_with_tls_and_users() -> None:
+    services = compose_services()
+    setup, nats = services[SETUP], services["nats"]
+    assert "koi security init /koi-secrets" in " ".join(setup["command"])
+    assert "--san nats" in " ".join(setup["command"])
+    assert nats["command"] == ["-c", "/koi-secrets/nats.conf"]
+    assert nats["depends_on"][SETUP]["condition"] == "service_completed_successfully"
 
 
 @pytest.mark.parametrize("name", sorted(SERVICES))
@@ -113,7 +135,7 @@ def test_every_service_has_a_deployment_in_its_own_file(name: str) -> None:
 
 def test_nothing_runs_koi_under_an_unknown_name() -> None:
     for key, service in compose_services().items():
-        if key in INFRA:
+        if key in INFRA or key == SETUP:
             continue
         assert runs_koi(service), f"compose service {key} is neither infra nor Koi"
         assert service["command"][0] in SERVICES, (key, service["command"])
@@ -153,7 +175,9 @@ def test_compose_defaults_are_the_declared_defaults() -> None:
 
 def test_configmap_points_at_external_nats_and_redis() -> None:
     data = of_kind("ConfigMap")[CONFIG_MAP]["data"]
-    assert data["KOI_NATS_URL"].startswith("nats://")
+    assert data["KOI_NATS_URL"].startswith("tls://")
+    assert data["KOI_NATS_PASSWORD_FILE"] == f"{SECRETS_DIR}/password"
+    assert data["KOI_NATS_CA"] == f"{SECRETS_DIR}/ca.pem"
     assert data["KOI_REDIS_URL"].startswith("redis://")
     for url in (data["KOI_NATS_URL"], data["KOI_REDIS_URL"]):
         assert "127.0.0.1" not in url and "localhost" not in url, url
@@ -222,8 +246,6 @@ def test_planner_api_serves_grpc_on_the_declared_port() -> None:
     assert k8s_env(container)["KOI_GRPC_ADDR"] == f"0.0.0.0:{GRPC_PORT}"
     named_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert GRPC_PORT in named_ports.values()
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["grpc"]["port"] == GRPC_PORT, probe
 
     service = of_kind("Service")["planner-api"]
     assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
@@ -234,7 +256,83 @@ def test_planner_api_serves_grpc_on_the_declared_port() -> None:
     assert service["spec"]["selector"].items() <= labels.items()
 
 
+def port_of(addr: str) -> int:
+    return int(addr.rpartition(":")[2])
+
+
+def test_compose_planner_api_runs_tls_and_a_token_from_koi_secrets() -> None:
+    services = compose_services()
+    api, setup = services["planner-api"], " ".join(services[SETUP]["command"])
+    assert "--san planner-api" in setup
+    env = compose_env(api)
+    mounts = {v["target"]: v for v in api["volumes"] if isinstance(v, dict)}
+    for name in GRPC_FILES:
+        directory = env[name].rpartition("/")[0]
+        mount = mounts[directory]  # each file comes from a read-only koi-secrets mount
+        assert mount["source"] == SETUP and mount["read_only"] is True, name
+        assert f"/koi-secrets/{mount['volume']['subpath']}" in setup  # chowned for it
+    assert "KOI_GRPC_TOKEN" not in env  # by file only, never a value in the repo
+
+
+def test_compose_health_check_uses_the_plaintext_health_port() -> None:
+    api = compose_services()["planner-api"]
+    health_addr = compose_env(api)["KOI_GRPC_HEALTH_ADDR"]
+    assert health_addr == f"127.0.0.1:{GRPC_HEALTH_PORT}"  # inside the container only
+    assert GRPC_HEALTH_PORT not in published_ports(api)
+    check = " ".join(api["healthcheck"]["test"])
+    assert f"insecure_channel('{health_addr}')" in check
+
+
+def test_k8s_planner_api_runs_tls_and_a_token_from_secrets() -> None:
+    container = koi_container("planner-api")
+    env = k8s_env(container)
+    volumes = {v["name"]: v for v in of_kind("Deployment")["planner-api"]["spec"][
+        "template"]["spec"]["volumes"]}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    secrets = {}
+    for name in GRPC_FILES:
+        directory, _, key = env[name].rpartition("/")
+        assert mounts[directory]["readOnly"] is True, name
+        secrets[name] = (volumes[mounts[directory]["name"]]["secret"]["secretName"], key)
+    assert secrets == {"KOI_GRPC_TLS_CERT": ("koi-grpc-tls", "tls.crt"),
+                       "KOI_GRPC_TLS_KEY": ("koi-grpc-tls", "tls.key"),
+                       "KOI_GRPC_TOKEN_FILE": ("koi-grpc-token", "token")}
+    assert "KOI_GRPC_TOKEN" not in env
+
+
+def test_k8s_probes_check_the_plaintext_health_port() -> None:
+    container = koi_container("planner-api")
+    health_addr = k8s_env(container)["KOI_GRPC_HEALTH_ADDR"]
+    assert health_addr == f"0.0.0.0:{GRPC_HEALTH_PORT}"  # the kubelet dials the pod's IP
+    named_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert named_ports["health"] == port_of(health_addr) != GRPC_PORT
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        # a grpc probe takes a number, not a port name
+        assert container[probe]["grpc"]["port"] == port_of(health_addr), probe
+    (service_port,) = of_kind("Service")["planner-api"]["spec"]["ports"]
+    assert service_port["port"] == GRPC_PORT  # the health port is not exposed
+
+
 # ---- Kubernetes hygiene --------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_deployment_has_its_own_nats_user_from_a_secret(name: str) -> None:
+    container = koi_container(name)
+    assert k8s_env(container)["KOI_NATS_USER"] == name
+    assert "KOI_NATS_PASSWORD" not in k8s_env(container)  # never a value in the repo
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == SECRETS_DIR]
+    assert mount["readOnly"] is True
+    volumes = {v["name"]: v for v in of_kind("Deployment")[name]["spec"]["template"]["spec"][
+        "volumes"]}
+    assert volumes[mount["name"]]["secret"]["secretName"] == f"koi-nats-{name}"
+
+
+def test_no_secret_values_in_the_repo() -> None:
+    assert "Secret" not in {doc["kind"] for _, doc in k8s_docs()}
+    for path in (COMPOSE_FILE, *K8S_DIR.glob("*.yaml")):
+        for name in ("KOI_NATS_PASSWORD", "KOI_GRPC_TOKEN"):
+            assert f"{name}:" not in path.read_text(), (path.name, name)
+
 
 def test_no_statefulsets_nats_and_redis_are_external() -> None:
     kinds = {doc["kind"] for _, doc in k8s_docs()}

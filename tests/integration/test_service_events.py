@@ -1,0 +1,89 @@
+"""A service that crashes, or comes back after an unclean stop, says so on the event log
+(``run_service`` against a real NATS): an ERROR ``service`` event naming the service,
+the replica and the exception type (never its message), then a WARNING from the next
+process of the same replica; a clean stop leaves no warning behind."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Iterator
+
+import pytest
+import structlog
+
+from koi import subjects
+from koi.v1 import events_pb2
+from services.runtime.app import ServiceContext, process_key, run_service
+from services.runtime.bus import Bus
+from services.runtime.settings import ServiceSettings
+
+NAME = "crashy"
+SECRET = "hunter2-token"
+
+
+class BodyFailed(RuntimeError):
+    pass
+
+
+async def _crash(ctx: ServiceContext) -> None:
+    raise BodyFailed(f"password={SECRET}\nforged line")
+
+
+async def _finish(ctx: ServiceContext) -> None:
+    return None
+
+
+@pytest.fixture
+def settings(nats_url: str) -> Iterator[ServiceSettings]:
+    base = ServiceSettings.from_env({"KOI_NATS_URL": nats_url})
+    yield dataclasses.replace(base, nats_url=nats_url, replica=1, log_level="warning")
+    structlog.reset_defaults()  # run_service configured logging for the process
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if getattr(h, "_koi", False)]:
+        root.removeHandler(handler)
+
+
+async def _service_events(bus: Bus) -> list[events_pb2.OperatorEvent]:
+    state = (await bus.js.stream_info(subjects.STREAM_EVENTS)).state
+    seqs = range(state.first_seq, state.last_seq + 1) if state.messages else range(0)
+    events = [events_pb2.OperatorEvent.FromString(
+        (await bus.js.get_msg(subjects.STREAM_EVENTS, seq)).data or b"") for seq in seqs]
+    return [ev for ev in events if ev.kind == events_pb2.EVENT_KIND_SERVICE]
+
+
+async def _marker(bus: Bus) -> bytes | None:
+    got = await bus.kv_get(subjects.KV_SIM, process_key(NAME, 1))
+    return None if got is None else got[0]
+
+
+@pytest.mark.asyncio
+async def test_a_crash_and_the_restart_after_it_are_events(bus: Bus, settings):
+    with pytest.raises(BodyFailed):  # still raised: the process exits non-zero
+        await asyncio.wait_for(run_service(NAME, _crash, settings), 30)
+    (crash,) = await _service_events(bus)
+    assert crash.severity == events_pb2.SEVERITY_ERROR and crash.service == NAME
+    assert "crashy replica 1 crashed (BodyFailed)" in crash.message
+    assert crash.attributes["exception"] == "BodyFailed" and crash.attributes["replica"] == "1"
+    assert SECRET not in str(crash) and "forged" not in str(crash)
+    assert await _marker(bus) == b"running"
+
+    await asyncio.wait_for(run_service(NAME, _finish, settings), 30)  # the restart
+    crash_, restart = await _service_events(bus)
+    assert crash_ == crash and restart.severity == events_pb2.SEVERITY_WARNING
+    assert "restarted after an unclean stop" in restart.message
+    assert await _marker(bus) == b"stopped"
+
+    await asyncio.wait_for(run_service(NAME, _finish, settings), 30)  # after a clean stop
+    assert len(await _service_events(bus)) == 2
+
+
+@pytest.mark.asyncio
+async def test_replicas_are_told_apart(bus: Bus, settings):
+    with pytest.raises(BodyFailed):
+        await asyncio.wait_for(run_service(NAME, _crash, settings), 30)
+    other = dataclasses.replace(settings, replica=2)
+    await asyncio.wait_for(run_service(NAME, _finish, other), 30)  # replica 2: a first start
+    (only,) = await _service_events(bus)
+    assert only.attributes["phase"] == "crashed"

@@ -1,0 +1,150 @@
+"""The CA and certificates made at set-up, the secrets directory, and the permission
+table's invariants (the server enforcing it: tests/integration/test_bus_security.py)."""
+
+from __future__ import annotations
+
+import ssl
+import stat
+
+import pytest
+import structlog
+from cryptography import x509
+
+from koi import subjects
+from services.runtime import permissions
+from services.runtime.bus import subject_matches
+from services.runtime.permissions import ADMIN, CLIENT, ROLES
+from services.runtime.permissions import permissions as permissions_of
+from services.runtime.security import ensure_pki, init_command, init_security, tls_context
+from services.runtime.settings import SERVICES
+
+
+def _may_publish(role: str, subject: str) -> bool:
+    return any(subject_matches(p, subject) for p in permissions_of(role).publish)
+
+
+def test_pki_is_made_once_owner_only_and_verifies(tmp_path) -> None:
+    pki = ensure_pki(tmp_path / "pki", sans=("nats.messaging.svc", "10.0.0.7"))
+    files = (pki.ca_cert, pki.ca_key, pki.server_cert, pki.server_key)
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+    before = [f.read_bytes() for f in files]
+    ensure_pki(tmp_path / "pki", sans=("10.0.0.7",))  # already covered
+    assert [f.read_bytes() for f in files] == before  # nothing re-issued
+    cert = x509.load_pem_x509_certificate(pki.server_cert.read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"localhost", "nats.messaging.svc"} <= set(names.get_values_for_type(x509.DNSName))
+    assert {str(a) for a in names.get_values_for_type(x509.IPAddress)} >= {"127.0.0.1",
+                                                                            "10.0.0.7"}
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(pki.ca_cert.read_bytes()))
+    assert isinstance(tls_context(pki.ca_cert), ssl.SSLContext)
+
+
+def test_a_new_name_reissues_the_server_certificate_under_the_same_ca(tmp_path) -> None:
+    pki = ensure_pki(tmp_path)
+    ca, server = pki.ca_cert.read_bytes(), pki.server_cert.read_bytes()
+    ensure_pki(tmp_path, sans=("nats",))
+    assert pki.ca_cert.read_bytes() == ca and pki.server_cert.read_bytes() != server
+
+
+def test_init_security_gives_each_role_a_distinct_secret_and_keeps_it(tmp_path) -> None:
+    sec = init_security(tmp_path, mount=tmp_path)
+    passwords = sec.passwords()
+    assert set(passwords) == set(ROLES) and len(set(passwords.values())) == len(ROLES)
+    assert init_security(tmp_path).passwords() == passwords  # idempotent
+    for path in (*tmp_path.rglob("password"), tmp_path / "nats.conf",
+                 tmp_path / "nats-auth.conf"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    env = sec.env_for("placer")
+    assert env["KOI_NATS_USER"] == "placer" and env["KOI_NATS_PASSWORD"] == ""
+    assert passwords["placer"] not in str(env) and passwords["placer"] not in repr(sec.auth(
+        "placer"))
+
+
+def test_init_makes_the_grpc_token_once_owner_only_and_never_prints_it(tmp_path) -> None:
+    with structlog.testing.capture_logs() as logs:
+        out = init_command(tmp_path, sans=("planner-api",))
+        sec = init_security(tmp_path)
+    token = sec.grpc_token_file.read_text()
+    assert len(token) >= 40 and token.strip() == token  # 32 random bytes, url-safe
+    for path in (sec.grpc_token_file, sec.grpc_cert, sec.grpc_key):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    again = init_command(tmp_path, sans=("planner-api", "planner-api.koi.svc"))
+    assert sec.grpc_token_file.read_text() == token  # kept across runs
+    assert token not in out and token not in again and str(sec.grpc_token_file) in out
+    assert token not in repr(sec) and token not in repr(logs)
+
+
+def test_the_grpc_files_follow_a_reissued_server_certificate(tmp_path) -> None:
+    sec = init_security(tmp_path, sans=("nats",))
+    before = sec.grpc_cert.read_bytes()
+    sec = init_security(tmp_path, sans=("nats", "planner-api"))
+    assert sec.grpc_cert.read_bytes() != before
+    assert sec.grpc_cert.read_bytes() == sec.pki.server_cert.read_bytes()
+    assert sec.grpc_key.read_bytes() == sec.pki.server_key.read_bytes()
+    cert = x509.load_pem_x509_certificate(sec.grpc_cert.read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "planner-api" in names.get_values_for_type(x509.DNSName)
+
+
+@pytest.mark.parametrize("stage", subjects.STAGES)
+def test_each_stage_has_exactly_one_publisher(stage: str) -> None:
+    subject = subjects.tick_subject(5, stage)
+    assert [r for r in ROLES if r != ADMIN and _may_publish(r, subject)] == [
+        {"snapshot": "sim", "observations": "telemetry-ingest", "causal": "causal-store",
+         "candidates": "proposer", "plan": "evaluator", "actions": "placer"}[stage]]
+
+
+def test_the_lease_and_the_causal_kv_have_one_writer_each() -> None:
+    lease = permissions.kv_subject(subjects.KV_LEASES, subjects.KEY_PLACER_LEASE)
+    causal = permissions.kv_subject(subjects.KV_CAUSAL, subjects.KEY_CAUSAL_STATE)
+    assert [r for r in ROLES if r != ADMIN and _may_publish(r, lease)] == ["placer"]
+    assert [r for r in ROLES if r != ADMIN and _may_publish(r, causal)] == ["causal-store"]
+
+
+def test_the_client_may_submit_and_read_events_and_jobs_only() -> None:
+    assert _may_publish(CLIENT, subjects.JOBS_SUBMIT)
+    for subject in (subjects.job_accepted_subject("j"), subjects.event_subject("info", "x"),
+                    "$JS.API.STREAM.INFO.KOI_TICKS", "$JS.API.STREAM.DELETE.KOI_EVENTS",
+                    "$JS.API.CONSUMER.CREATE.KOI_TICKS"):
+        assert not _may_publish(CLIENT, subject), subject
+    assert _may_publish(CLIENT, "$JS.API.CONSUMER.CREATE.KOI_EVENTS")
+    assert permissions_of(CLIENT).subscribe == ("_INBOX.>",)
+
+
+@pytest.mark.parametrize("role", SERVICES)
+def test_no_service_may_delete_purge_or_update_koi_streams(role: str) -> None:
+    for stream in (*subjects.STREAMS, *(f"KV_{b}" for b in subjects.KV_BUCKETS)):
+        for verb in ("DELETE", "PURGE", "UPDATE"):
+            assert not _may_publish(role, f"$JS.API.STREAM.{verb}.{stream}"), (verb, stream)
+        assert not _may_publish(role, f"$JS.API.STREAM.MSG.DELETE.{stream}")
+        assert not _may_publish(role, f"$JS.API.CONSUMER.DELETE.{stream}.placer")
+
+
+def test_only_responders_may_listen_on_request_subjects() -> None:
+    for subject, responder in permissions.RESPONDERS.items():
+        for role in SERVICES:
+            perms = permissions_of(role)
+            assert (subject in perms.subscribe_deny) == (role != responder), (role, subject)
+            assert perms.responds == (role in permissions.RESPONDERS.values())
+
+
+def test_the_kv_keys_and_durables_agree_with_the_services() -> None:
+    from services.evaluator.main import KEY_CACHE_STATS
+    from services.planner_api.main import KEY_ADDR
+    from services.sim.main import JOBS_DURABLE
+
+    assert permissions.KEY_EVALUATOR_CACHE == KEY_CACHE_STATS
+    assert permissions.KEY_PLANNER_API_ADDR == KEY_ADDR
+    assert (subjects.STREAM_JOBS, JOBS_DURABLE) in permissions.DURABLES["sim"]
+
+
+@pytest.mark.parametrize("role", SERVICES)
+def test_every_service_may_write_its_own_start_up_keys_only(role: str) -> None:
+    from services.runtime.app import process_key, ready_key
+
+    other = next(r for r in SERVICES if r != role)
+    for key in (ready_key(role), process_key(role, 0), process_key(role, 3)):
+        assert _may_publish(role, permissions.kv_subject(subjects.KV_SIM, key)), key
+    if role != "sim":  # the sim owns koi_sim
+        for key in (ready_key(other), process_key(other, 0)):
+            assert not _may_publish(role, permissions.kv_subject(subjects.KV_SIM, key)), key
