@@ -1,30 +1,46 @@
 """planner-api's gRPC face: the ``koi.v1.PlanService`` servicer over a ``ReadModel``,
-and ``serve``, which starts it with health checking and server reflection.
+and ``serve``, which starts it (``grpc.aio``) with health checking and reflection.
 
-The servicer checks requests (INVALID_ARGUMENT with the field and the rule broken),
-asks the read model, pages, and renders explanations; the read model's ``NotFound`` /
-``InvalidQuery`` / ``FailedPrecondition`` become the matching status codes, and any
-other exception becomes INTERNAL (logged), never an unhandled error. No NATS code and
-no planning logic here.
+``PlanQueries`` checks each request (INVALID_ARGUMENT naming the field and the rule or
+bound broken), asks the read model, pages, and renders explanations; the read model's
+``NotFound`` / ``InvalidQuery`` / ``FailedPrecondition`` become the matching status
+codes, and any other exception becomes INTERNAL (logged), never an unhandled error.
+
+The server is asynchronous so that open WatchPlans streams cost a coroutine each, not a
+thread: with the former 16-thread pool, 16 watchers left no thread for GetPlan or the
+health checks a liveness probe makes. It runs on its own event loop thread, so a burst
+of bus replay in the service's main loop cannot delay a health check either; what-if
+predictions and job listings run on a small worker pool off that loop. Streams are capped
+(``MAX_WATCHERS``, RESOURCE_EXHAUSTED beyond). TLS and a bearer token are optional
+(``grpc_security``); an optional second, plaintext listener serves health checks alone
+(same status) for probes that cannot speak TLS. No NATS code and no planning logic here.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import functools
-import json
+import asyncio
 import math
-from collections.abc import Callable, Iterator
-from concurrent import futures
-from typing import Any, TypeVar
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from koi.v1 import causal_pb2, plan_pb2, plan_service_pb2, plan_service_pb2_grpc
+from koi.jobs.bounds import (
+    MAX_HORIZON_S,
+    MAX_ID_LEN,
+    MAX_RATE_RPS,
+    MAX_REQUEST_TOKENS,
+    MAX_TPOT_MS,
+    MAX_TTFT_MS,
+)
+from koi.v1 import plan_service_pb2, plan_service_pb2_grpc, prediction_pb2
+from services.planner_api.grpc_security import BearerToken
 from services.planner_api.readmodel import (
     FailedPrecondition,
     InvalidQuery,
@@ -32,6 +48,13 @@ from services.planner_api.readmodel import (
     QueryError,
     ReadModel,
 )
+from services.planner_api.render import (
+    decode_token,
+    encode_token,
+    explain_summary,
+    select_mechanisms,
+)
+from services.planner_api.watch import PlanWatch
 
 log = structlog.get_logger(__name__)
 
@@ -40,13 +63,28 @@ HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 JOB_KINDS = ("", "online", "batch")
+# Open WatchPlans streams one server holds; one more is refused with RESOURCE_EXHAUSTED.
+# A stream costs a coroutine and a queue of shared plan references (~10 KiB measured).
+MAX_WATCHERS = 1000
+# Largest request accepted (the biggest, a WhatIf, is a few hundred bytes).
+MAX_REQUEST_BYTES = 64 * 1024
+MAX_PAGE_TOKEN_LEN = 1024
+QUERY_THREADS = 4  # what-if predictions at once; more wait their turn
+HEALTH_STOP_GRACE_S = 1.0  # the most the health-only listener waits for its streams
+# WhatIf workload bounds: the physical bounds jobs are admitted with (koi.jobs.bounds).
+# A request/s load is bounded by a job's rate; clients, batch or burst sizes by the
+# requests a minute at that rate brings (what the simulator materialises per tick).
+MAX_REQUESTS_IN_FLIGHT = MAX_RATE_RPS * 60
+_LOAD_BOUND = {prediction_pb2.LOAD_MODE_RATE: (MAX_RATE_RPS, "requests/s")}
+_WORKLOAD_BOUNDS = {"input_len_tokens": MAX_REQUEST_TOKENS,
+                    "output_len_tokens": MAX_REQUEST_TOKENS,
+                    "window_s": MAX_HORIZON_S, "slo_ttft_ms": MAX_TTFT_MS,
+                    "slo_tpot_ms": MAX_TPOT_MS}
 _CODES: dict[type[QueryError], grpc.StatusCode] = {
     InvalidQuery: grpc.StatusCode.INVALID_ARGUMENT, NotFound: grpc.StatusCode.NOT_FOUND,
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION}
-_KIND_WORD = {plan_pb2.DECISION_KIND_PLACE: "place", plan_pb2.DECISION_KIND_DEFER: "defer",
-              plan_pb2.DECISION_KIND_REJECT: "reject"}
-
-F = TypeVar("F", bound=Callable[..., Any])
+_LAGGED = ("this watcher fell too far behind the plans; watch again with from_tick set to"
+           " the last tick received + 1")
 
 
 def _status(e: Exception, rpc: str) -> tuple[grpc.StatusCode, str]:
@@ -54,18 +92,6 @@ def _status(e: Exception, rpc: str) -> tuple[grpc.StatusCode, str]:
         return _CODES.get(type(e), grpc.StatusCode.INVALID_ARGUMENT), str(e)
     log.exception("rpc_failed", rpc=rpc)
     return grpc.StatusCode.INTERNAL, f"{rpc} failed inside planner-api ({type(e).__name__})"
-
-
-def _guarded(method: F) -> F:
-    """Run a unary handler; a raised error becomes its status code and message."""
-    @functools.wraps(method)
-    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
-        try:
-            return method(self, request, context)
-        except Exception as e:
-            code, message = _status(e, method.__name__)
-        context.abort(code, message)
-    return wrapper  # type: ignore[return-value]
 
 
 def _tick(request: Any, field: str = "tick") -> int | None:
@@ -81,60 +107,74 @@ def _tick(request: Any, field: str = "tick") -> int | None:
 def _job_id(value: str, field: str = "job_id") -> str:
     if not value:
         raise InvalidQuery(f"{field} is required (got an empty string)")
+    if len(value) > MAX_ID_LEN:  # no job has a longer id: admission refuses it
+        raise InvalidQuery(f"{field} must be at most {MAX_ID_LEN} characters"
+                           f" (got {len(value)})")
     return value
 
 
-class PlanServiceServicer(plan_service_pb2_grpc.PlanServiceServicer):
-    """Every rpc of ``koi.v1.PlanService``, answered from one ``ReadModel``."""
+def check_workload(w: prediction_pb2.Workload, field: str = "workload") -> None:
+    """Every numeric field of a what-if workload within its physical bound (NaN, lower
+    bounds and the mode are ``workload_from_proto``'s to refuse)."""
+    for name, bound in _WORKLOAD_BOUNDS.items():
+        value = getattr(w, name)
+        if value > bound:
+            raise InvalidQuery(f"{field}.{name} must be <= {bound:g} (got {value:g})")
+    bound, unit = _LOAD_BOUND.get(w.mode, (MAX_REQUESTS_IN_FLIGHT, "requests"))
+    if w.load > bound:
+        raise InvalidQuery(f"{field}.load must be <= {bound:g} {unit} (got {w.load:g})")
+
+
+class PlanQueries:
+    """Every unary rpc of ``koi.v1.PlanService`` as a plain call: request in, response
+    out, ``QueryError`` for a request that cannot be answered. Thread-safe."""
 
     def __init__(self, model: ReadModel) -> None:
         self._model = model
 
-    @_guarded
-    def GetPlan(self, request: plan_service_pb2.GetPlanRequest,
-                context: grpc.ServicerContext) -> plan_service_pb2.GetPlanResponse:
+    def GetPlan(self, request: plan_service_pb2.GetPlanRequest
+                ) -> plan_service_pb2.GetPlanResponse:
         return plan_service_pb2.GetPlanResponse(plan=self._model.plan(_tick(request)))
 
-    @_guarded
-    def GetJob(self, request: plan_service_pb2.GetJobRequest,
-               context: grpc.ServicerContext) -> plan_service_pb2.GetJobResponse:
+    def GetJob(self, request: plan_service_pb2.GetJobRequest) -> plan_service_pb2.GetJobResponse:
         return plan_service_pb2.GetJobResponse(job=self._model.job(_job_id(request.job_id)))
 
-    @_guarded
-    def ListJobs(self, request: plan_service_pb2.ListJobsRequest,
-                 context: grpc.ServicerContext) -> plan_service_pb2.ListJobsResponse:
+    def ListJobs(self, request: plan_service_pb2.ListJobsRequest
+                 ) -> plan_service_pb2.ListJobsResponse:
         if request.state not in plan_service_pb2.JobState.values():
             raise InvalidQuery(f"state {request.state} is not a JobState")
         if request.kind not in JOB_KINDS:
             raise InvalidQuery(f"kind must be 'online', 'batch' or '' for both"
-                               f" (got {request.kind!r})")
+                               f" (got {request.kind[:32]!r})")
         if request.page_size < 0:
             raise InvalidQuery(f"page_size must be >= 0 (got {request.page_size})")
+        if len(request.page_token) > MAX_PAGE_TOKEN_LEN:
+            raise InvalidQuery(f"page_token must be at most {MAX_PAGE_TOKEN_LEN} characters")
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         listing = f"{request.state}|{request.kind}"
-        after = _decode_token(request.page_token, listing) if request.page_token else None
+        after = decode_token(request.page_token, listing) if request.page_token else None
         jobs = [j for j in self._model.jobs(request.state, request.kind)
                 if after is None or j.spec.id > after]
         page = jobs[:size]
-        token = _encode_token(page[-1].spec.id, listing) if len(jobs) > size else ""
+        token = encode_token(page[-1].spec.id, listing) if len(jobs) > size else ""
         return plan_service_pb2.ListJobsResponse(jobs=page, next_page_token=token)
 
-    @_guarded
-    def Explain(self, request: plan_service_pb2.ExplainRequest,
-                context: grpc.ServicerContext) -> plan_service_pb2.ExplainResponse:
+    def Explain(self, request: plan_service_pb2.ExplainRequest
+                ) -> plan_service_pb2.ExplainResponse:
         job_id = _job_id(request.job_id)
         tick, decision, version = self._model.decision(job_id, _tick(request))
         causal = self._model.causal_state()
         ids = list(dict.fromkeys(decision.explanation.mechanism_ids))
         known = {m.id: m for m in causal.mechanisms} if causal is not None else {}
+        others, why_none = self._model.alternatives(tick, decision)
+        summary = explain_summary(tick, decision, known, causal)
         return plan_service_pb2.ExplainResponse(
             tick=tick, decision=decision, causal_state_version=version,
-            summary=explain_summary(tick, decision, known, causal),
-            mechanisms=[known[i] for i in ids if i in known])
+            summary=f"{summary}\n{why_none}" if why_none else summary,
+            mechanisms=[known[i] for i in ids if i in known], alternatives=others)
 
-    @_guarded
-    def WhatIf(self, request: plan_service_pb2.WhatIfRequest,
-               context: grpc.ServicerContext) -> plan_service_pb2.WhatIfResponse:
+    def WhatIf(self, request: plan_service_pb2.WhatIfRequest
+               ) -> plan_service_pb2.WhatIfResponse:
         if not request.HasField("config"):
             raise InvalidQuery("config is required")
         target = request.WhichOneof("target")
@@ -142,11 +182,10 @@ class PlanServiceServicer(plan_service_pb2_grpc.PlanServiceServicer):
             raise InvalidQuery("target is required: set workload or job_id")
         if target == "job_id":
             return self._model.what_if(request.config, job_id=_job_id(request.job_id))
+        check_workload(request.workload)
         return self._model.what_if(request.config, workload=request.workload)
 
-    @_guarded
-    def ListMechanisms(self, request: plan_service_pb2.ListMechanismsRequest,
-                       context: grpc.ServicerContext
+    def ListMechanisms(self, request: plan_service_pb2.ListMechanismsRequest
                        ) -> plan_service_pb2.ListMechanismsResponse:
         floor = request.min_confidence
         if not (math.isfinite(floor) and 0.0 <= floor <= 1.0):
@@ -158,6 +197,53 @@ class PlanServiceServicer(plan_service_pb2_grpc.PlanServiceServicer):
             causal_state_version=causal.version,
             mechanisms=select_mechanisms(causal, request.scope, request.include_retired,
                                          floor))
+
+
+# Unary rpcs that call the predictor or copy every job: off the event loop (where health
+# checks and streams run), on the query pool. The others are a lookup under a lock.
+_OFFLOADED = frozenset({"Explain", "WhatIf", "ListJobs"})
+
+
+def _sync_rpc(name: str) -> Callable[..., Any]:
+    def rpc(self: PlanServiceServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return getattr(self.queries, name)(request)
+        except Exception as e:
+            code, message = _status(e, name)
+        context.abort(code, message)
+    rpc.__name__ = name
+    return rpc
+
+
+def _async_rpc(name: str) -> Callable[..., Any]:
+    async def rpc(self: AsyncPlanServiceServicer, request: Any,
+                  context: grpc.aio.ServicerContext) -> Any:
+        call = getattr(self.queries, name)
+        try:
+            if name in _OFFLOADED:
+                return await asyncio.get_running_loop().run_in_executor(None, call, request)
+            return call(request)
+        except Exception as e:
+            code, message = _status(e, name)
+        await context.abort(code, message)
+    rpc.__name__ = name
+    return rpc
+
+
+class PlanServiceServicer(plan_service_pb2_grpc.PlanServiceServicer):
+    """The synchronous servicer (one thread per call): for in-process callers and tests
+    that drive the rpcs without a server. ``serve`` uses ``AsyncPlanServiceServicer``."""
+
+    def __init__(self, model: ReadModel) -> None:
+        self._model = model
+        self.queries = PlanQueries(model)
+
+    GetPlan = _sync_rpc("GetPlan")
+    GetJob = _sync_rpc("GetJob")
+    ListJobs = _sync_rpc("ListJobs")
+    Explain = _sync_rpc("Explain")
+    WhatIf = _sync_rpc("WhatIf")
+    ListMechanisms = _sync_rpc("ListMechanisms")
 
     def WatchPlans(self, request: plan_service_pb2.WatchPlansRequest,
                    context: grpc.ServicerContext
@@ -171,141 +257,199 @@ class PlanServiceServicer(plan_service_pb2_grpc.PlanServiceServicer):
         for plan in watch:
             yield plan_service_pb2.WatchPlansResponse(plan=plan)
         if watch.lagged:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          "this watcher fell too far behind the plans; watch again with"
-                          " from_tick set to the last tick received + 1")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _LAGGED)
 
 
-# --- page tokens ---------------------------------------------------------------------
+class AsyncPlanServiceServicer(plan_service_pb2_grpc.PlanServiceServicer):
+    """The servicer ``serve`` runs: the same answers, each stream a coroutine."""
 
-def _encode_token(after: str, listing: str) -> str:
-    doc = json.dumps({"after": after, "listing": listing}, separators=(",", ":"))
-    return base64.urlsafe_b64encode(doc.encode()).decode()
+    def __init__(self, model: ReadModel, max_watchers: int = MAX_WATCHERS) -> None:
+        self._model, self._max_watchers = model, max_watchers
+        self.queries = PlanQueries(model)
+        self.streams = 0  # open WatchPlans streams (touched on the server's loop only)
 
+    GetPlan = _async_rpc("GetPlan")
+    GetJob = _async_rpc("GetJob")
+    ListJobs = _async_rpc("ListJobs")
+    Explain = _async_rpc("Explain")
+    WhatIf = _async_rpc("WhatIf")
+    ListMechanisms = _async_rpc("ListMechanisms")
 
-def _decode_token(token: str, listing: str) -> str:
-    """The last job id of the previous page; the token must come from the same listing."""
-    try:
-        doc = json.loads(base64.urlsafe_b64decode(token.encode()))
-        after, issued_for = doc["after"], doc["listing"]
-        if not isinstance(after, str) or not isinstance(issued_for, str):
-            raise TypeError
-    except (binascii.Error, ValueError, TypeError, KeyError):
-        raise InvalidQuery("page_token is not a token this server issued: pass the"
-                           " next_page_token of the previous ListJobs response") from None
-    if issued_for != listing:
-        raise InvalidQuery("page_token was issued for a different state/kind filter:"
-                           " repeat the filter of the request that returned it")
-    return after
+    async def WatchPlans(self, request: plan_service_pb2.WatchPlansRequest,
+                         context: grpc.aio.ServicerContext
+                         ) -> AsyncIterator[plan_service_pb2.WatchPlansResponse]:
+        if self.streams >= self._max_watchers:
+            log.warning("watch_refused", open=self.streams, cap=self._max_watchers)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{self.streams} WatchPlans streams are open, the most this"
+                                f" server holds ({self._max_watchers}); retry later")
+        loop, wake = asyncio.get_running_loop(), asyncio.Event()
 
+        def notify() -> None:  # on the read model's feed thread: wake this coroutine
+            loop.call_soon_threadsafe(wake.set)
 
-# --- rendering ------------------------------------------------------------------------
-
-def explain_summary(tick: int, d: plan_pb2.Decision, known: dict[str, causal_pb2.Mechanism],
-                    causal: causal_pb2.CausalState | None) -> str:
-    """A few lines an operator can read: what was decided, the numbers, why, and the
-    mechanisms behind it (the planner's own lines, else the causal state's)."""
-    word = _KIND_WORD.get(d.kind, "decide")
-    if d.kind != plan_pb2.DECISION_KIND_PLACE:
-        return f"tick {tick}: {word} job {d.job_id}: {d.reason or 'no reason given'}"
-    x = d.explanation
-    cfg = d.config
-    label = x.config_label or f"{cfg.accelerator} tp{cfg.tp or 1} {cfg.engine}".strip()
-    lines = [f"tick {tick}: place job {d.job_id} on {d.replicas}× {label}"
-             f"{f' ({d.offering})' if d.offering else ''}, {d.gpus} GPUs,"
-             f" {d.usd_per_hour:.2f} USD/h{', unchanged' if d.stays else ''}"]
-    if d.HasField("explanation"):
-        lines.append(f"robust p95 at {x.planned_rate_rps:.2f} req/s per replica: TTFT"
-                     f" {x.ttft_p95_ms_robust:.0f} ms, TPOT {x.tpot_p95_ms_robust:.1f} ms;"
-                     f" goodput {d.goodput_tok_s:.0f} of"
-                     f" {d.demand_tok_s:.0f} tok/s demanded")
-    if d.reason:
-        lines.append(f"why: {d.reason}")
-    if x.hypothesis:
-        lines.append(f"hypothesis: {x.hypothesis}")
-    if x.multipliers:
-        lines.append("learnt corrections: " + ", ".join(
-            f"{v.name} ×{v.value:.2f}" for v in x.multipliers) + (f" on {x.scope}" if x.scope
-                                                                   else ""))
-    cited = list(x.mechanisms) or [
-        known[i].summary or f"{known[i].condition} → {known[i].edge.effect}"
-                            f" ×{known[i].effect_size:.2f}"
-        for i in x.mechanism_ids if i in known]
-    lines.extend(f"because {line}" for line in cited)
-    missing = [i for i in x.mechanism_ids if i not in known]
-    if missing:
-        where = f"causal state v{causal.version}" if causal is not None else "any causal state"
-        lines.append(f"cites {', '.join(missing)}, not in {where} held here")
-    return "\n".join(lines)
+        try:
+            watch = self._model.watch(_tick(request, "from_tick"), notify=notify)
+        except Exception as e:
+            await context.abort(*_status(e, "WatchPlans"))
+        self.streams += 1
+        try:
+            async for plan in _follow(watch, wake):
+                yield plan_service_pb2.WatchPlansResponse(plan=plan)
+        finally:  # ended, cancelled by the client, or the server stopping
+            self.streams -= 1
+            self._model.unwatch(watch)
+        if watch.lagged:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _LAGGED)
 
 
-def select_mechanisms(causal: causal_pb2.CausalState, scope: Any, include_retired: bool,
-                      min_confidence: float) -> list[causal_pb2.Mechanism]:
-    """Mechanisms matching every set field of ``scope``, most confident first."""
-    wanted = [(f.name, v) for f, v in scope.ListFields() if v]
-    found = [m for m in causal.mechanisms
-             if (m.active or include_retired) and m.confidence >= min_confidence
-             and all(getattr(m.scope, name) == v for name, v in wanted)]
-    return sorted(found, key=lambda m: (-m.confidence, m.id))
+async def _follow(watch: PlanWatch, wake: asyncio.Event) -> AsyncIterator[Any]:
+    """The watch's plans as they come, until it is closed."""
+    while True:
+        wake.clear()  # before draining: a push after the drain sets it again
+        plans, closed = watch.drain()
+        for plan in plans:
+            yield plan
+        if closed:
+            return
+        if not plans:
+            await wake.wait()
 
 
 # --- the server -----------------------------------------------------------------------
 
-class PlanServer(grpc.Server):
-    """A started ``grpc.Server`` serving PlanService, health and reflection; ``port`` is
-    the bound port, ``health`` the health servicer. ``stop`` marks health NOT_SERVING and
-    ends every WatchPlans stream before the grace period runs."""
+@dataclass(frozen=True)
+class _Started:
+    """What ``_start`` brought up on the server's loop."""
 
-    def __init__(self, server: grpc.Server, health_servicer: health.HealthServicer,
-                 model: ReadModel, port: int) -> None:
-        self._server, self._model = server, model
-        self.health = health_servicer
-        self.port = port
-
-    def add_generic_rpc_handlers(self, generic_rpc_handlers: Any) -> None:
-        self._server.add_generic_rpc_handlers(generic_rpc_handlers)
-
-    def add_registered_method_handlers(self, service_name: str, method_handlers: Any) -> None:
-        self._server.add_registered_method_handlers(service_name, method_handlers)
-
-    def add_insecure_port(self, address: str) -> int:
-        return self._server.add_insecure_port(address)
-
-    def add_secure_port(self, address: str, server_credentials: grpc.ServerCredentials) -> int:
-        return self._server.add_secure_port(address, server_credentials)
-
-    def start(self) -> None:
-        self._server.start()
-
-    def wait_for_termination(self, timeout: float | None = None) -> bool:
-        return self._server.wait_for_termination(timeout)
-
-    def stop(self, grace: float | None) -> Any:
-        self.health.enter_graceful_shutdown()  # every service NOT_SERVING from here on
-        done = self._server.stop(grace)  # refuses new RPCs at once
-        self._model.close_watches()
-        log.info("planner_api_stopped", port=self.port, grace_s=grace)
-        return done
+    server: grpc.aio.Server
+    health_server: grpc.aio.Server | None  # the plaintext, health-only listener
+    health: health.aio.HealthServicer  # one servicer behind both: one status
+    servicer: AsyncPlanServiceServicer
+    port: int
+    health_port: int | None
 
 
-def serve(model: ReadModel, addr: str, *, max_workers: int = 16) -> PlanServer:
-    """Start PlanService on ``addr`` (``host:0`` picks a free port: see ``.port``), with
-    the standard health service ("" and koi.v1.PlanService SERVING) and reflection."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers,
-                                                    thread_name_prefix="planner-api"))
-    plan_service_pb2_grpc.add_PlanServiceServicer_to_server(PlanServiceServicer(model), server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server)
+class PlanServer:
+    """A started PlanService (with health and reflection) on its own event-loop thread;
+    ``port`` is the bound port, ``health_port`` that of the plaintext health-only
+    listener (None without one), ``health`` the (asyncio) health servicer both share,
+    ``servicer`` the PlanService servicer. ``stop`` marks health NOT_SERVING, refuses new
+    RPCs and ends every WatchPlans stream cleanly before the grace period runs."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread,
+                 started: _Started, model: ReadModel) -> None:
+        self._loop, self._thread, self._model = loop, thread, model
+        self._server, self._health_server = started.server, started.health_server
+        self._stopped = False
+        self.health, self.servicer = started.health, started.servicer
+        self.port, self.health_port = started.port, started.health_port
+
+    def stop(self, grace: float | None) -> None:
+        """Stop serving (idempotent); returns once the servers and their loop are down."""
+        if self._stopped:
+            return
+        self._stopped = True
+        done = asyncio.run_coroutine_threadsafe(self._stop(grace), self._loop)
+        try:
+            done.result(timeout=(grace or 0.0) + 10.0)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10.0)
+        log.info("planner_api_stopped", port=self.port, health_port=self.health_port,
+                 grace_s=grace)
+
+    async def _stop(self, grace: float | None) -> None:
+        await self.health.enter_graceful_shutdown()  # every service NOT_SERVING from here
+        stopping = asyncio.ensure_future(self._server.stop(grace))
+        await asyncio.sleep(0)  # new RPCs are refused from here on
+        self._model.close_watches()  # streams end with OK instead of being cut at grace
+        await stopping
+        # Last, so that probes read NOT_SERVING through the grace instead of a refusal;
+        # a moment's grace lets a Health.Watch stream deliver that NOT_SERVING.
+        if self._health_server is not None:
+            await self._health_server.stop(
+                None if grace is None else min(grace, HEALTH_STOP_GRACE_S))
+
+
+def _listen(server: grpc.aio.Server, addr: str,
+            credentials: grpc.ServerCredentials | None) -> int:
+    """Bind ``addr`` (TLS when ``credentials`` are given); the bound port."""
     try:
-        port = server.add_insecure_port(addr)
+        port = (server.add_secure_port(addr, credentials) if credentials is not None
+                else server.add_insecure_port(addr))
     except RuntimeError as e:
         raise RuntimeError(f"planner-api cannot listen on {addr}: {e}") from None
     if port == 0:
         raise RuntimeError(f"planner-api cannot listen on {addr}")
-    server.start()
+    return port
+
+
+def _new_server(interceptors: list[grpc.aio.ServerInterceptor] | None = None
+                ) -> grpc.aio.Server:
+    return grpc.aio.server(interceptors=interceptors,
+                           options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
+
+
+async def _start(model: ReadModel, addr: str, credentials: grpc.ServerCredentials | None,
+                 token: str | None, max_watchers: int, health_addr: str | None) -> _Started:
+    server = _new_server([BearerToken(token)] if token else None)
+    servicer = AsyncPlanServiceServicer(model, max_watchers)
+    plan_service_pb2_grpc.add_PlanServiceServicer_to_server(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server)
+    port = _listen(server, addr, credentials)
+    # Health checks only, in plaintext, without a token: for probes that cannot speak TLS
+    # (Kubernetes' grpc probes). No PlanService and no reflection here.
+    health_server, health_port = None, None
+    if health_addr:
+        health_server = _new_server()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
+        health_port = _listen(health_server, health_addr, None)
+    for listener in (server, health_server):
+        if listener is not None:
+            await listener.start()
     for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("planner_api_serving", addr=addr, port=port)
-    return PlanServer(server, health_servicer, model, port)
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return _Started(server, health_server, health_servicer, servicer, port, health_port)
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
+
+
+def serve(model: ReadModel, addr: str, *, credentials: grpc.ServerCredentials | None = None,
+          token: str | None = None, max_watchers: int = MAX_WATCHERS,
+          health_addr: str | None = None) -> PlanServer:
+    """Start PlanService on ``addr`` (``host:0`` picks a free port: see ``.port``), with
+    the standard health service ("" and koi.v1.PlanService SERVING) and reflection;
+    TLS only when ``credentials`` are given, and every RPC but health checks needing
+    ``authorization: Bearer <token>`` when ``token`` is. With ``health_addr``, the same
+    health status is also served there, in plaintext and alone (``.health_port``)."""
+    if max_watchers < 1:
+        raise ValueError(f"max_watchers must be >= 1 (got {max_watchers})")
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(ThreadPoolExecutor(QUERY_THREADS,
+                                                 thread_name_prefix="planner-api-query"))
+    thread = threading.Thread(target=_run_loop, args=(loop,), name="planner-api-grpc",
+                              daemon=True)
+    thread.start()
+    try:
+        started = asyncio.run_coroutine_threadsafe(
+            _start(model, addr, credentials, token, max_watchers, health_addr),
+            loop).result(timeout=30)
+    except BaseException:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        raise
+    log.info("planner_api_serving", addr=addr, port=started.port,
+             tls=credentials is not None, token_required=bool(token),
+             max_watchers=max_watchers, health_addr=health_addr or None,
+             health_port=started.health_port)
+    return PlanServer(loop, thread, started, model)

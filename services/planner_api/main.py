@@ -2,7 +2,8 @@
 
 Ordered (ephemeral) JetStream consumers replay and then follow the plans, snapshots
 (deployments and jobs), causal states and accepted jobs into ``ReadModel``; the gRPC
-server (reflection and health included) answers from it. It owns nothing: a restart
+server (reflection and health included) answers from it; ``KOI_GRPC_HEALTH_ADDR`` adds a
+plaintext, health-only listener for probes that cannot speak TLS. It owns nothing: a restart
 rebuilds the same view from the streams. The bound port is logged and stored in the
 ``koi_plan`` bucket (key ``planner-api``) so a client of an ephemeral port can find it.
 """
@@ -13,6 +14,7 @@ import asyncio
 
 from koi import subjects
 from koi.v1 import causal_pb2, cluster_pb2, jobs_pb2, plan_pb2
+from services.planner_api.grpc_security import server_credentials
 from services.planner_api.grpc_server import serve
 from services.planner_api.readmodel import ReadModel
 from services.runtime.app import ServiceContext, main
@@ -41,21 +43,30 @@ def feeds(model: ReadModel) -> dict:
     def job(subject: str, data: bytes) -> None:
         model.on_job(jobs_pb2.JobSpec.FromString(data), -1)
 
+    def candidates(subject: str, data: bytes) -> None:  # kept as bytes: Explain decodes
+        model.on_candidates(subjects.tick_of(subject), data)
+
     return {subjects.tick_filter("plan"): plan, subjects.tick_filter("snapshot"): snapshot,
-            subjects.tick_filter("causal"): causal, f"{subjects.JOBS_ACCEPTED_PREFIX}.>": job}
+            subjects.tick_filter("causal"): causal, f"{subjects.JOBS_ACCEPTED_PREFIX}.>": job,
+            subjects.tick_filter("candidates"): candidates}
 
 
 async def run(ctx: ServiceContext) -> None:
     model = ReadModel(catalog=ctx.catalog)
-    server = serve(model, ctx.settings.grpc_addr)
+    settings = ctx.settings
+    server = serve(model, settings.grpc_addr, token=settings.grpc_token or None,
+                   credentials=server_credentials(settings.grpc_tls_cert,
+                                                  settings.grpc_tls_key),
+                   health_addr=settings.grpc_health_addr or None)
     host = ctx.settings.grpc_addr.rsplit(":", 1)[0]
     await ctx.bus.kv_put(subjects.KV_PLAN, KEY_ADDR, f"{host}:{server.port}".encode())
-    ctx.log.info("grpc_listening", addr=f"{host}:{server.port}")
+    ctx.log.info("grpc_listening", addr=f"{host}:{server.port}",
+                 health_port=server.health_port)  # None: no plaintext health listener
     subs = []
     for subject, fn in feeds(model).items():
         async def cb(msg, fn=fn) -> None:
             try:
-                fn(msg.subject, msg.data)
+                fn(msg.subject, await ctx.bus.resolve(msg))  # a large one is a blob
             except Exception as exc:  # a read model skips what it cannot read
                 ctx.log.warning("feed_skipped", subject=msg.subject, error=repr(exc))
         subs.append(await ctx.bus.js.subscribe(subject, ordered_consumer=True, cb=cb))

@@ -4,8 +4,9 @@
 ``on_*`` call per message; every feed is idempotent and ignores stale input, so
 at-least-once delivery is harmless) and answered from by the gRPC servicer. It keeps
 the last ``max_plans`` plans by tick, every job it has heard of, the latest snapshot's
-deployments and the latest causal state, and derives each job's state from them. It
-also answers what-if questions with an injected predictor. Thread-safe: one lock
+deployments, the latest causal state and the last few ticks' candidates, and derives
+each job's state from them. It also answers what-if questions and predicts Explain's
+alternatives with an injected predictor. Thread-safe: one lock
 guards the state; the predictor runs outside it.
 
 It must not contain NATS or gRPC code, nor any planning decision: it only reads.
@@ -16,26 +17,21 @@ with an operator-readable message; the transport maps them to status codes.
 from __future__ import annotations
 
 import bisect
-import math
-import queue
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import structlog
 
-from koi.calibrate import widen
 from koi.catalog import Catalog, load_catalog
-from koi.causal.scope import scope_of
-from koi.causal.store import BeliefStore, apply_correction
+from koi.causal.store import BeliefStore
 from koi.errors import InvalidConfigError, InvalidSpecError
-from koi.jobs import OnlineJob
 from koi.predictor.types import LoadMode, Prediction, Workload
 from koi.space import DeploymentConfig, config_hash, validate
 from koi.v1 import (
+    bus_pb2,
     causal_pb2,
     cluster_pb2,
-    common_pb2,
     config_pb2,
     jobs_pb2,
     plan_pb2,
@@ -45,6 +41,16 @@ from koi.v1 import (
 from koi.wire.config import KNOB_ENUMS, REQUIRED_IDS, config_from_proto
 from koi.wire.jobs import job_from_proto
 from koi.wire.predictor import prediction_to_proto, workload_from_proto
+from services.planner_api.alternatives import (
+    alternatives,
+    belief_blob,
+    dro_radii,
+    job_workload,
+    other_candidates,
+    robust_prediction,
+    scope_covers,
+)
+from services.planner_api.watch import PlanWatch
 
 log = structlog.get_logger(__name__)
 
@@ -58,10 +64,9 @@ PLACE, DEFER, REJECT = (plan_pb2.DECISION_KIND_PLACE, plan_pb2.DECISION_KIND_DEF
 LIVE_DEPLOYMENT_STATES = frozenset({cluster_pb2.DEPLOYMENT_STATE_STARTING,
                                     cluster_pb2.DEPLOYMENT_STATE_RUNNING,
                                     cluster_pb2.DEPLOYMENT_STATE_DRAINING})
-# OutcomeCalibration.outcome may use koi.calibrate's names or the Outcomes field names.
-RADIUS_ALIASES = {"ttft_ms": "ttft", "ttft_p95_ms": "ttft_p95", "tpot_ms": "tpot",
-                  "tpot_p95_ms": "tpot_p95", "output_throughput_tok_s": "throughput",
-                  "total_throughput_tok_s": "throughput"}
+# Ticks whose CandidateBatch is kept (as bytes) for Explain's alternatives: a batch is
+# the biggest message of a tick, and operators explain recent decisions.
+MAX_CANDIDATE_TICKS = 32
 
 
 class QueryError(Exception):
@@ -95,58 +100,6 @@ class _Job:
         return self.spec.WhichOneof("kind") or ""
 
 
-_CLOSED = object()
-
-
-class PlanWatch:
-    """One WatchPlans subscriber: iterate for plans; the iteration ends on ``close``.
-
-    Plans are queued as they arrive (up to ``max_queued``); a subscriber that falls
-    further behind is closed with ``lagged`` set rather than letting memory grow.
-    """
-
-    def __init__(self, max_queued: int) -> None:
-        self._queue: queue.Queue[object] = queue.Queue()
-        self._max = max_queued
-        self._closed = threading.Event()
-        self.lagged = False
-
-    @property
-    def closed(self) -> bool:
-        return self._closed.is_set()
-
-    def push(self, plan: plan_pb2.ClusterPlan) -> None:
-        if self.closed:
-            return
-        if self._queue.qsize() >= self._max:
-            self.lagged = True
-            self.close()
-            return
-        self._queue.put(plan)
-
-    def close(self) -> None:
-        """End the iteration after the plans already queued (idempotent)."""
-        if not self._closed.is_set():
-            self._closed.set()
-            self._queue.put(_CLOSED)
-
-    def get(self, timeout: float | None = None) -> plan_pb2.ClusterPlan | None:
-        """The next plan; None when closed (or nothing came within ``timeout``)."""
-        try:
-            item = self._queue.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if item is _CLOSED:
-            self._queue.put(_CLOSED)  # keep later calls returning None
-            return None
-        assert isinstance(item, plan_pb2.ClusterPlan)
-        return item
-
-    def __iter__(self) -> Iterator[plan_pb2.ClusterPlan]:
-        while (plan := self.get()) is not None:
-            yield plan
-
-
 class ReadModel:
     """Plans, jobs, deployments and the causal state, as last heard on the bus.
 
@@ -171,6 +124,7 @@ class ReadModel:
         self._causal: causal_pb2.CausalState | None = None
         self._beliefs: BeliefStore | None = None
         self._watches: set[PlanWatch] = set()
+        self._candidates: dict[int, bytes] = {}  # tick → CandidateBatch, the last few
 
     @property
     def catalog(self) -> Catalog:
@@ -207,6 +161,14 @@ class ReadModel:
                 if w.closed:
                     self._watches.discard(w)
         log.debug("plan_held", tick=msg.tick, decisions=len(msg.decisions))
+
+    def on_candidates(self, tick: int, batch: bytes) -> None:
+        """The proposer's CandidateBatch of ``tick``, kept serialised for the last
+        ``MAX_CANDIDATE_TICKS`` ticks; decoded only when Explain asks."""
+        with self._lock:
+            self._candidates[tick] = bytes(batch)
+            while len(self._candidates) > MAX_CANDIDATE_TICKS:
+                del self._candidates[min(self._candidates)]
 
     def on_job(self, spec: jobs_pb2.JobSpec, tick: int) -> None:
         """An accepted job, submitted in ``tick`` (< 0 = not known). Hearing of it again
@@ -273,7 +235,7 @@ class ReadModel:
         with self._lock:
             causal, beliefs = self._causal, self._beliefs
         if causal is not None and beliefs is None:
-            beliefs = _belief_blob(causal)
+            beliefs = belief_blob(causal)
             with self._lock:
                 if self._causal is causal:
                     self._beliefs = beliefs
@@ -364,10 +326,38 @@ class ReadModel:
                     return tick, d, plan.causal_state_version
             raise NotFound(f"the plan of tick {tick} has no decision for job {job_id!r}")
 
-    def watch(self, from_tick: int | None = None) -> PlanWatch:
+    def alternatives(self, tick: int, decision: plan_pb2.Decision
+                     ) -> tuple[list[plan_service_pb2.Alternative], str]:
+        """(the candidates of ``tick`` for the decision's job that it did not choose,
+        predicted under the job's workload, at the rate each placed replica is planned to
+        carry when the job is online and placed, best first; why there are none, if none)."""
+        with self._lock:
+            blob = self._candidates.get(tick)
+        if blob is None:
+            return [], (f"alternatives: the candidates of tick {tick} are not held here"
+                        f" (the last {MAX_CANDIDATE_TICKS} ticks heard are)")
+        others = other_candidates(bus_pb2.CandidateBatch.FromString(blob), decision)
+        if not others:
+            return [], f"alternatives: none (tick {tick} had no other candidate for it)"
+        try:
+            workload = self._workload(None, decision.job_id)
+        except QueryError as e:
+            return [], f"alternatives: not predicted ({e})"
+        per_replica = decision.explanation.planned_rate_rps
+        if workload.mode == LoadMode.RATE and per_replica > 0:
+            # judged at the load each replica of the plan carries, not the whole job's
+            workload = replace(workload, load=per_replica)
+        causal, beliefs = self._belief_store()
+        radii = dro_radii(causal) if causal is not None else {}
+        return alternatives(others, workload, decision, self._predict, self.catalog,
+                            beliefs, radii), ""
+
+    def watch(self, from_tick: int | None = None,
+              notify: Callable[[], None] | None = None) -> PlanWatch:
         """A subscription to new plans; with ``from_tick``, the held plans of ticks >=
-        ``from_tick`` come first (oldest first), with none missed or repeated."""
-        w = PlanWatch(max_queued=self._max_plans + 64)
+        ``from_tick`` come first (oldest first), with none missed or repeated. ``notify``
+        see ``PlanWatch``."""
+        w = PlanWatch(max_queued=self._max_plans + 64, notify=notify)
         with self._lock:
             if from_tick is not None:
                 for t in self._ticks[bisect.bisect_left(self._ticks, from_tick):]:
@@ -415,14 +405,11 @@ class ReadModel:
         except InvalidConfigError as e:  # the predictor knows a limit validation does not
             resp.violations.add(knob=e.knob, reason=e.reason)
             return resp
-        scope = scope_of(cfg, self.catalog)
-        corrected = pred
-        if beliefs is not None:
-            corrected = apply_correction(pred, beliefs.correction(scope, pred.mediators()))
         radii = dro_radii(causal) if causal is not None else {}
         resp.valid = True
         resp.predicted.CopyFrom(prediction_to_proto(pred))
-        resp.robust.CopyFrom(prediction_to_proto(widen(corrected, radii)).outcomes)
+        resp.robust.CopyFrom(prediction_to_proto(
+            robust_prediction(pred, cfg, self.catalog, beliefs, radii)).outcomes)
         if causal is not None:
             resp.mechanism_ids.extend(m.id for m in causal.mechanisms
                                       if m.active and scope_covers(m.scope, cfg, self.catalog))
@@ -451,17 +438,6 @@ class ReadModel:
         return job_workload(spec)
 
 
-def job_workload(spec: object) -> Workload:
-    """A job's per-deployment workload: its mean lengths, and for an online job its mean
-    rate and SLO (a batch job's backlog keeps its replicas saturated)."""
-    inp = max(1.0, spec.input_len.mean_value())  # type: ignore[attr-defined]
-    out = max(1.0, spec.output_len.mean_value())  # type: ignore[attr-defined]
-    if isinstance(spec, OnlineJob):
-        return Workload(inp, out, mode=LoadMode.RATE, load=max(spec.arrival.mean_rate(), 1e-3),
-                        slo_ttft_ms=spec.slo.ttft_ms, slo_tpot_ms=spec.slo.tpot_ms)
-    return Workload(inp, out, mode=LoadMode.SATURATED)
-
-
 def decode_config(msg: config_pb2.DeploymentConfig, catalog: Catalog
                   ) -> tuple[DeploymentConfig | None, list[plan_service_pb2.ConfigViolation]]:
     """(config, violations). Raises ``InvalidQuery`` when it cannot be decoded at all (a
@@ -488,35 +464,3 @@ def decode_config(msg: config_pb2.DeploymentConfig, catalog: Catalog
         return cfg, [plan_service_pb2.ConfigViolation(knob=v.knob, reason=v.reason)
                      for v in validate(cfg, catalog)]
     return None, found
-
-
-def dro_radii(state: causal_pb2.CausalState) -> dict[str, float]:
-    """Radius per koi.calibrate outcome name from the state's calibration entries."""
-    radii: dict[str, float] = {}
-    for c in state.calibration:
-        if math.isfinite(c.dro_radius) and c.dro_radius > 0:
-            name = RADIUS_ALIASES.get(c.outcome, c.outcome)
-            radii[name] = max(radii.get(name, 0.0), c.dro_radius)
-    return radii
-
-
-def scope_covers(scope: common_pb2.Scope, cfg: DeploymentConfig, catalog: Catalog) -> bool:
-    """Whether a wire scope (each empty or ``*`` field = any) contains the config's own
-    scope (``koi.causal.scope.scope_of``)."""
-    own = scope_of(cfg, catalog)
-    wanted = ((scope.accelerator, own.accelerator), (scope.accelerator_family, own.family),
-              (scope.engine, own.engine), (scope.model_size_class, own.size_class),
-              (scope.parallelism_bucket, own.parallelism))
-    return all(want in ("", "*") or want == have for want, have in wanted)
-
-
-def _belief_blob(state: causal_pb2.CausalState) -> BeliefStore | None:
-    """The belief store serialised in ``state.belief_store``, if it carries one."""
-    blob = state.belief_store
-    if not blob:
-        return None
-    try:
-        return BeliefStore.from_bytes(blob)
-    except Exception as e:  # unreadable: robust outcomes fall back to the radii alone
-        log.warning("belief_store_unreadable", version=state.version, error=str(e))
-        return None

@@ -9,9 +9,11 @@ knows the service only through server reflection.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -19,10 +21,13 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from koi import subjects
 from koi.catalog import load_catalog
 from koi.causal.store import BeliefStore
+from koi.predictor.types import Prediction, Workload
 from koi.space import DeploymentConfig, config_hash
 from koi.v1 import (
+    bus_pb2,
     causal_pb2,
     cluster_pb2,
     common_pb2,
@@ -34,7 +39,8 @@ from koi.v1 import (
 )
 from koi.wire import config_to_proto
 from services.planner_api.grpc_server import PlanServer, serve
-from services.planner_api.readmodel import NotFound, ReadModel
+from services.planner_api.main import feeds
+from services.planner_api.readmodel import MAX_CANDIDATE_TICKS, NotFound, ReadModel
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -129,7 +135,7 @@ class Running:
 
     def __init__(self, model: ReadModel) -> None:
         self.model = model
-        self.server: PlanServer = serve(model, "127.0.0.1:0", max_workers=8)
+        self.server: PlanServer = serve(model, "127.0.0.1:0")
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.server.port}")
         self.stub = plan_service_pb2_grpc.PlanServiceStub(self.channel)
 
@@ -295,7 +301,64 @@ def test_explain_latest_placement(api: Running) -> None:
     assert "robust p95 at 1.50 req/s per replica: TTFT 410 ms, TPOT 12.5 ms" in resp.summary
     assert "because m-kv: kv_pressure > 0.85 → TPOT ×1.6" in resp.summary
     assert "cites m-gone, not in causal state v3 held here" in resp.summary
-    assert list(resp.alternatives) == []
+
+
+def predict_real(cfg: DeploymentConfig, workload: Workload) -> Prediction:
+    from koi.predictor.api import predict_many
+
+    return predict_many([(cfg, workload)], catalog=CATALOG)[0]
+
+
+def slow_on_l4(cfg: DeploymentConfig, workload: Workload) -> Prediction:
+    """The real predictor, except that every L4 configuration has a 5 s TTFT p95."""
+    pred = predict_real(cfg, workload)
+    return replace(pred, ttft_p95_ms=5000.0) if cfg.accelerator == "l4" else pred
+
+
+def candidate(job_id: str, n: int, cfg: DeploymentConfig) -> plan_pb2.Candidate:
+    return plan_pb2.Candidate(candidate_id=f"{job_id}#{n}", job_id=job_id,
+                              config=config_to_proto(cfg), hypothesis=f"guess {n}")
+
+
+def test_explain_lists_the_candidates_not_chosen() -> None:
+    model = fed_model(predict=slow_on_l4)
+    l4, seqs64 = replace(CFG, accelerator="l4"), replace(CFG, max_num_seqs=64)
+    batch = bus_pb2.CandidateBatch(tick=7, causal_state_version=3, candidates=[
+        candidate("chat-a", 0, CFG),      # the one placed: not an alternative
+        candidate("chat-a", 1, l4), candidate("chat-a", 2, seqs64),
+        candidate("chat-a", 3, seqs64),   # the same configuration again: listed once
+        candidate("chat-b", 0, l4)])      # another job's
+    feeds(model)[subjects.tick_filter("candidates")]("koi.tick.7.candidates",
+                                                      batch.SerializeToString())
+    running = Running(model)
+    try:
+        resp = running.stub.Explain(plan_service_pb2.ExplainRequest(job_id="chat-a"),
+                                    timeout=30)
+    finally:
+        running.close()
+    alts = list(resp.alternatives)
+    assert [a.candidate.candidate_id for a in alts] == ["chat-a#2", "chat-a#1"]  # SLO met first
+    met, breach = alts
+    assert met.reason.startswith("meets the SLO robustly") and "h100-sxm tp1 bf16 vllm" in \
+        met.reason
+    assert breach.predicted.outcomes.ttft_p95_ms == 5000.0
+    assert math.isclose(breach.robust.ttft_p95_ms, 5000.0 * math.exp(0.2))  # radius 0.2
+    assert breach.reason.startswith(f"TTFT p95 {5000 * math.exp(0.2):.0f} ms > 800 (robust)")
+    assert breach.reason.endswith("(robust) at 1.50 req/s")
+    assert breach.predicted.outcomes.request_rate_rps == pytest.approx(1.5)  # a replica's load
+    assert "alternatives:" not in resp.summary
+
+
+def test_alternatives_are_kept_for_recent_ticks_only() -> None:
+    model = fed_model()
+    for t in range(MAX_CANDIDATE_TICKS + 8):
+        model.on_candidates(t, bus_pb2.CandidateBatch(tick=t).SerializeToString())
+    decision = model.decision("chat-a", 7)[1]
+    assert model.alternatives(7, decision)[1].startswith(
+        "alternatives: the candidates of tick 7 are not held here")
+    assert model.alternatives(MAX_CANDIDATE_TICKS + 7, decision) == (
+        [], f"alternatives: none (tick {MAX_CANDIDATE_TICKS + 7} had no other candidate for"
+            " it)")
 
 
 def test_explain_by_tick_and_non_placements(api: Running) -> None:
@@ -303,7 +366,10 @@ def test_explain_by_tick_and_non_placements(api: Running) -> None:
                             timeout=5)
     assert resp.tick == 6 and not resp.mechanisms
     defer = api.stub.Explain(plan_service_pb2.ExplainRequest(job_id="chat-b"), timeout=5)
-    assert defer.summary == "tick 7: defer job chat-b: no h100-sxm capacity this tick"
+    assert defer.summary.splitlines() == [
+        "tick 7: defer job chat-b: no h100-sxm capacity this tick",
+        "alternatives: the candidates of tick 7 are not held here (the last 32 ticks heard"
+        " are)"]
 
 
 @pytest.mark.parametrize(("request_fields", "code", "text"), [
@@ -403,6 +469,37 @@ def test_what_if_errors(api: Running) -> None:
                  "workload.input_len_tokens: must be >= 1 token")
 
 
+@pytest.mark.parametrize(("fields", "text"), [
+    ({"input_len_tokens": 1e12}, "workload.input_len_tokens must be <= 262144 (got 1e+12)"),
+    ({"output_len_tokens": 3e5}, "workload.output_len_tokens must be <= 262144"),
+    ({"load": 1e300}, "workload.load must be <= 10000 requests/s (got 1e+300)"),
+    ({"mode": prediction_pb2.LOAD_MODE_CONCURRENCY, "load": 1e7},
+     "workload.load must be <= 600000 requests (got 1e+07)"),
+    ({"slo_ttft_ms": 1e9}, "workload.slo_ttft_ms must be <= 3.6e+06"),
+    ({"slo_tpot_ms": 1e6}, "workload.slo_tpot_ms must be <= 60000"),
+    ({"window_s": 1e12}, "workload.window_s must be <= 2.592e+06"),
+])
+def test_what_if_refuses_workloads_beyond_physical_bounds(api: Running, fields: dict,
+                                                          text: str) -> None:
+    workload = prediction_pb2.Workload()
+    workload.CopyFrom(WORKLOAD)
+    for name, value in fields.items():
+        setattr(workload, name, value)
+    err = rpc_error(api.stub.WhatIf, plan_service_pb2.WhatIfRequest(
+        config=config_to_proto(CFG), workload=workload))
+    assert_error(err, Code.INVALID_ARGUMENT, text)
+
+
+def test_job_ids_longer_than_any_job_are_refused(api: Running) -> None:
+    long_id = "j" * 1000
+    for call, request in ((api.stub.GetJob, plan_service_pb2.GetJobRequest(job_id=long_id)),
+                          (api.stub.Explain, plan_service_pb2.ExplainRequest(job_id=long_id)),
+                          (api.stub.WhatIf, plan_service_pb2.WhatIfRequest(
+                              config=config_to_proto(CFG), job_id=long_id))):
+        assert_error(rpc_error(call, request), Code.INVALID_ARGUMENT,
+                     "job_id must be at most 63 characters (got 1000)")
+
+
 def test_a_failing_predictor_is_internal_not_a_crash() -> None:
     def broken(cfg: object, workload: object) -> object:
         raise RuntimeError("kernel exploded")
@@ -499,9 +596,9 @@ def test_health_serving_then_not_serving_on_stop() -> None:
         assert resp.status == health_pb2.HealthCheckResponse.SERVING
     running.server.stop(grace=None)
     running.channel.close()
-    for service in ("", "koi.v1.PlanService"):
-        resp = running.server.health.Check(health_pb2.HealthCheckRequest(service=service),
-                                           None)
+    for service in ("", "koi.v1.PlanService"):  # the servicer itself: the server is down
+        resp = asyncio.run(running.server.health.Check(
+            health_pb2.HealthCheckRequest(service=service), None))
         assert resp.status == health_pb2.HealthCheckResponse.NOT_SERVING
 
 
