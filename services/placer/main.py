@@ -7,11 +7,12 @@
   publishes the actions, stores the plan as the last good one (``koi_plan``/latest) and
   emits one operator event per action, citing the mechanisms behind the decision.
 * Every snapshot starts the tick's deadline: no plan by then → the last good plan is
-  placed against the new snapshot instead (a degraded tick, said in the event log). A
-  late plan is then ignored: the tick's actions are published once (``Nats-Msg-Id``).
-* Job submission (request/reply, both replicas answer): the ``JobSpec`` is validated as
-  the YAML form is; an accepted job is stored on ``koi.jobs.accepted.<id>`` before the
-  ack is sent, so it survives any restart.
+  placed against the new snapshot instead (a degraded tick, said in the event log with
+  the stage the tick stalled at). A late plan is then ignored: the tick's actions are
+  published once (``Nats-Msg-Id``).
+* Job submission (request/reply, both replicas answer): ``services/placer/admission.py``
+  — validated as the YAML form is, stored on ``koi.jobs.accepted.<id>`` before the ack
+  is sent (so it survives any restart), idempotent by job id, "busy" when overloaded.
 """
 
 from __future__ import annotations
@@ -24,17 +25,21 @@ import uuid
 
 from koi import subjects
 from koi.cluster import ActionKind, ClusterSnapshot, PlanDecision
-from koi.errors import InvalidSpecError
 from koi.planner.tick import place_targets
 from koi.policies.koi import settings_for
-from koi.v1 import jobs_pb2, plan_pb2
+from koi.v1 import events_pb2, plan_pb2
 from koi.wire import codec, planning
-from koi.wire.jobs import job_from_proto
+from services.placer.admission import Admission
 from services.runtime.app import ServiceContext, main
 from services.runtime.bus import Lease, Undecodable
 from services.runtime.ticks import TickReader
 
 NAME = "placer"
+
+# who publishes each stage of a tick, for a degraded tick's message
+STAGE_OWNER = {"snapshot": "sim", "observations": "telemetry-ingest",
+               "causal": "causal-store", "candidates": "proposer", "plan": "evaluator"}
+_BUS_ERRORS_KEPT = 64  # ticks whose bus_error events are remembered for that message
 
 EVENT_OF = {ActionKind.LAUNCH: ("launch", "info"), ActionKind.SCALE: ("scale", "info"),
             ActionKind.SWAP: ("swap", "info"), ActionKind.RELAUNCH: ("relaunch", "info"),
@@ -50,6 +55,8 @@ class Placer:
         self.reader = TickReader(ctx.bus, ctx.settings.stage_deadline_s)
         self.latest: ClusterSnapshot | None = None
         self.timers: set[asyncio.Task] = set()
+        self.admission = Admission(ctx, NAME)
+        self.bus_errors: dict[int, list[str]] = {}  # tick → bus_error messages seen
 
     # --- plans -------------------------------------------------------------------------
 
@@ -110,45 +117,47 @@ class Placer:
             decision = place_targets(targets, {**notes, "degraded": f"plan of tick {source}"},
                                      snapshot, self.settings)
         await self.publish(decision, source, snapshot, {})
+        cause = await self.stalled_at(tick)
         await self.ctx.event(
             kind="degraded_tick", severity="warning", tick=tick, key="deadline",
-            scenario_time_s=snapshot.time_s,
-            message=(f"tick {tick}: no plan within {wait:g} s; placed the last good plan "
-                     f"(tick {source}) against the current fleet" if source >= 0 else
-                     f"tick {tick}: no plan within {wait:g} s and none before; no actions"))
+            scenario_time_s=snapshot.time_s, attributes={"cause": cause},
+            message=(f"tick {tick}: no plan within {wait:g} s ({cause}); placed the last "
+                     f"good plan (tick {source}) against the current fleet" if source >= 0
+                     else f"tick {tick}: no plan within {wait:g} s ({cause}) and none "
+                          "before; no actions"))
 
-    # --- job submission ------------------------------------------------------------------
-
-    async def on_submit(self, msg) -> None:
-        ack = await self.admit(msg.data)
-        await msg.respond(ack.SerializeToString())
-
-    async def admit(self, data: bytes) -> jobs_pb2.JobAck:
-        tick = self.latest.tick if self.latest else 0
+    async def stalled_at(self, tick: int) -> str:
+        """Which stage of ``tick`` is missing and whose it is, e.g. "no candidates for
+        tick 41 (proposer): the tick stalled after causal", with the bus errors seen for
+        that tick. One stream-info request: no payload is read."""
         try:
-            spec = codec.decode(data, jobs_pb2.JobSpec)
-        except Exception as exc:
-            return jobs_pb2.JobAck(accepted=False, reason=f"undecodable JobSpec: {exc}",
-                                   tick=tick)
+            info = await self.ctx.bus.js.stream_info(
+                subjects.STREAM_TICKS, subjects_filter=f"{subjects.TICK_PREFIX}.{tick}.>")
+            present = set(info.state.subjects or {})
+        except Exception as exc:  # the message says less, the tick still degrades
+            return f"the stages present could not be read: {type(exc).__name__}"
+        cause, before = f"the plan of tick {tick} came too late", ""
+        for stage, owner in STAGE_OWNER.items():
+            if subjects.tick_subject(tick, stage) not in present:
+                after = f"the tick stalled after {before}" if before else "nothing arrived"
+                cause = f"no {stage} for tick {tick} ({owner}): {after}"
+                break
+            before = stage
+        errors = self.bus_errors.get(tick, [])
+        if errors:
+            cause += f"; bus errors in that tick: {' | '.join(errors[:3])}"
+            cause += f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
+        return cause
+
+    def on_bus_error(self, data: bytes) -> None:
+        """Remember a bus_error event by tick (a few ticks back) for ``stalled_at``."""
         try:
-            job = job_from_proto(spec, catalog=self.ctx.catalog)
-        except InvalidSpecError as exc:
-            field = getattr(exc, "field", "") or getattr(exc, "path", "") or ""
-            await self.ctx.event(kind="rejection", severity="warning", tick=tick,
-                                 key=f"submit-{spec.id}", job_id=spec.id,
-                                 message=f"rejected at submission: {exc}")
-            return jobs_pb2.JobAck(accepted=False, job_id=spec.id, reason=str(exc),
-                                   field=str(field), tick=tick)
-        known = {j.id for j in self.latest.jobs} if self.latest else set()
-        subject = subjects.job_accepted_subject(job.id)
-        if job.id in known or await self.ctx.bus.get_last(subject) is not None:
-            return jobs_pb2.JobAck(accepted=False, job_id=job.id, field="id",
-                                   reason=f"a job with id {job.id!r} already exists", tick=tick)
-        await self.ctx.bus.publish(subject, data, msg_id=f"job-{job.id}")
-        await self.ctx.event(kind="admission", severity="info", tick=tick, key=job.id,
-                             job_id=job.id, message=f"accepted {job.id} ({job.model}); "
-                                                    "it joins the plan at the next tick")
-        return jobs_pb2.JobAck(accepted=True, job_id=job.id, tick=tick)
+            ev = events_pb2.OperatorEvent.FromString(data)
+        except Exception:
+            return
+        self.bus_errors.setdefault(ev.tick, []).append(ev.message[:300])
+        while len(self.bus_errors) > _BUS_ERRORS_KEPT:
+            del self.bus_errors[min(self.bus_errors)]
 
     def on_any_snapshot(self, data: bytes) -> None:
         try:
@@ -157,6 +166,7 @@ class Placer:
             return
         if self.latest is None or snap.tick >= self.latest.tick:
             self.latest = snap
+            self.admission.see(snap)
 
 
 async def run(ctx: ServiceContext) -> None:
@@ -164,10 +174,19 @@ async def run(ctx: ServiceContext) -> None:
     bus = ctx.bus
 
     async def track(msg) -> None:
-        placer.on_any_snapshot(msg.data)
+        placer.on_any_snapshot(await bus.resolve(msg))  # a large snapshot is a blob
 
+    async def bus_error(msg) -> None:
+        placer.on_bus_error(msg.data)
+
+    admission = placer.admission
+    await admission.start()
+    worker = asyncio.create_task(admission.work(), name="admission")
     subs = [await bus.nc.subscribe(subjects.tick_filter("snapshot"), cb=track),
-            await bus.nc.subscribe(subjects.JOBS_SUBMIT, queue="placer", cb=placer.on_submit)]
+            await bus.nc.subscribe(f"{subjects.EVENTS_PREFIX}.*.bus_error", cb=bus_error)]
+    admission.sub = await bus.nc.subscribe(subjects.JOBS_SUBMIT, queue="placer",
+                                           cb=admission.on_submit)
+    subs.append(admission.sub)
     # unique per process: replicas of a Deployment share their environment
     holder = f"placer-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     lease = Lease(bus, subjects.KEY_PLACER_LEASE, holder, ctx.settings.lease_ttl_s)
@@ -193,8 +212,13 @@ async def run(ctx: ServiceContext) -> None:
     finally:
         for c in consumers:
             await c.stop()
-        for s in subs:
-            await s.unsubscribe()
+        for s in reversed(subs):  # stop taking submissions first
+            with contextlib.suppress(Exception):
+                await s.unsubscribe()
+        worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await worker
+        await admission.close()
         if lease.is_leader:
             await lease.release()
 
