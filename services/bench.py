@@ -49,11 +49,15 @@ class ScaleOutResult:
 
 
 def bus_once(scenario: str, seed: int, horizon_s: float | None,
-             replicas: dict[str, int] | None = None) -> BusRunResult:
+             replicas: dict[str, int] | None = None, *, secure: bool = False
+             ) -> BusRunResult:
+    """One bus run on fresh servers; ``secure``: NATS with TLS and a user per service
+    (as ``koi demo`` runs), else plain (the figures in docs/BENCHMARKS.md)."""
     logs = Path(tempfile.mkdtemp(prefix="koi-bench-bus-"))
-    with start_nats(store_dir=logs / "js") as nats, start_valkey() as cache:
+    with start_nats(store_dir=logs / "js", secure=secure) as nats, start_valkey() as cache:
         return BusRun(nats.url, logs / "logs", scenario, seed, horizon_s, cache.url,
-                      replicas=dict(replicas or {}), timeout_s=3600).run()
+                      replicas=dict(replicas or {}), timeout_s=3600,
+                      security=nats.security).run()
 
 
 def overhead(scenario: str, seed: int, horizon_s: float | None, runs: int,

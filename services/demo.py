@@ -20,14 +20,17 @@ from pathlib import Path
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from koi import subjects
 from koi.v1 import bus_pb2, events_pb2, work_pb2
 from koi.wire.planning import event_line
 from services.runtime.bus import delete_koi_state
 from services.runtime.embedded import start_nats, start_valkey
-from services.runtime.launcher import Supervisor
-from services.runtime.settings import env
+from services.runtime.launcher import ALL, Supervisor
+from services.runtime.permissions import ADMIN
+from services.runtime.security import connect_nats
+from services.runtime.settings import NatsAuth, env
 
 SCORE_ROWS = (("overall_score", "overall score (0–100)", "{:.1f}"),
               ("goodput_tok_s", "goodput tok/s", "{:,.0f}"),
@@ -55,7 +58,7 @@ def _progress(status: bus_pb2.SimStatus | None, events: deque, started: float) -
         t.add_row("fleet $/hour", f"{status.usd_per_hour:,.2f}")
     ev = Table(title="latest events", show_header=False, box=None)
     for line in events:
-        ev.add_row(line)
+        ev.add_row(Text(line))      # plain text: an event's message is never rich markup
     return Group(t, ev)
 
 
@@ -70,11 +73,9 @@ def _metrics_table(summary: work_pb2.RunSummary) -> Table:
     return t
 
 
-async def _monitor(nats_url: str, console: Console, timeout_s: float
-                   ) -> work_pb2.RunSummary | None:
-    import nats
-
-    nc = await nats.connect(nats_url, connect_timeout=10)
+async def _monitor(nats_url: str, console: Console, timeout_s: float,
+                   auth: NatsAuth | None = None) -> work_pb2.RunSummary | None:
+    nc = await connect_nats(nats_url, auth, connect_timeout=10)
     status: list[bus_pb2.SimStatus] = []
     events: deque[str] = deque(maxlen=8)
 
@@ -82,7 +83,11 @@ async def _monitor(nats_url: str, console: Console, timeout_s: float
         status.append(bus_pb2.SimStatus.FromString(msg.data))
 
     async def on_event(msg) -> None:
-        ev = events_pb2.OperatorEvent.FromString(msg.data)
+        try:
+            ev = events_pb2.OperatorEvent.FromString(msg.data)
+        except Exception:   # DecodeError: one bad message must not stop the monitor
+            events.append(f"(skipped an undecodable event on {msg.subject[:80]})")
+            return
         if ev.severity >= events_pb2.SEVERITY_INFO:
             events.append(event_line(ev)[:160])
 
@@ -107,14 +112,21 @@ async def _monitor(nats_url: str, console: Console, timeout_s: float
 
 
 def run_demo(*, scenario: str, seed: int, horizon_s: float | None, timeout_s: float,
-             console: Console) -> int:
+             console: Console, secure: bool = True) -> int:
+    """``secure``: the embedded NATS requires TLS and a user per service (the demo itself
+    connects as admin). An external NATS (``KOI_NATS_URL``) is used with the credentials
+    the environment gives (``KOI_NATS_USER`` …), by the demo and every service alike."""
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="koi-demo-")))
         nats_url = env("KOI_NATS_URL") if _given("KOI_NATS_URL") else None
+        security, admin = None, None
         if nats_url is None:
-            server = stack.enter_context(start_nats(store_dir=tmp / "jetstream"))
-            nats_url = server.url
-            console.print(f"embedded NATS with JetStream at {nats_url}")
+            server = stack.enter_context(start_nats(
+                store_dir=tmp / "jetstream", secure=secure, secrets_dir=tmp / "secrets"))
+            nats_url, security = server.url, server.security
+            admin = security.auth(ADMIN) if security is not None else None
+            console.print(f"embedded NATS with JetStream at {nats_url}"
+                          + (" (TLS, one user per service)" if secure else ""))
         else:
             asyncio.run(_reset_url(nats_url))
         redis_url = env("KOI_REDIS_URL")
@@ -126,12 +138,14 @@ def run_demo(*, scenario: str, seed: int, horizon_s: float | None, timeout_s: fl
                    "KOI_SCENARIO": scenario, "KOI_SEED": str(seed),
                    "KOI_HORIZON_S": "" if horizon_s is None else str(horizon_s),
                    "KOI_LOG_LEVEL": env("KOI_LOG_LEVEL"), "KOI_GRPC_ADDR": "127.0.0.1:0"}
-        sup = stack.enter_context(Supervisor(environ, tmp / "logs"))
+        sup = stack.enter_context(Supervisor(
+            environ, tmp / "logs",
+            service_env=security.service_env(ALL) if security is not None else {}))
         sup.start()
         sup.watch()
         console.print(f"services started ({len(sup.children)} processes; logs in "
                       f"{tmp / 'logs'})")
-        summary = asyncio.run(_monitor(nats_url, console, timeout_s))
+        summary = asyncio.run(_monitor(nats_url, console, timeout_s, admin))
         if summary is None:
             console.print(f"[red]the run did not finish within {timeout_s:g} s[/red]; "
                           "last lines of each service's log:")
@@ -151,8 +165,6 @@ def _given(name: str) -> bool:
 
 
 async def _reset_url(url: str) -> None:
-    import nats
-
-    nc = await nats.connect(url, connect_timeout=5)
+    nc = await connect_nats(url, connect_timeout=5)  # as KOI_NATS_USER: admin rights needed
     await delete_koi_state(nc.jetstream())
     await nc.close()

@@ -4,8 +4,10 @@ The state (beliefs, mechanisms, DRO calibrator, the last tick folded in) lives i
 ``koi_causal`` KV bucket, written right after the tick's ``causal`` message is published
 and before the observations are acked, so a restart loses nothing and a redelivered
 tick is not learnt twice: a tick at the stored one is only re-published, an older one
-is dropped. Newly discovered and retired mechanisms become
-operator events.
+is dropped. A tick whose body disagrees with its subject, or that is ahead of the clock
+(the latest snapshot), is refused to the DLQ with an ``implausible`` event
+(``services.runtime.plausible``), so the stored tick never passes the clock. Newly
+discovered and retired mechanisms become operator events.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from koi.causal.store import BeliefStore
 from koi.planner.tick import KoiSettings, KoiState, learn_from
 from koi.policies.koi import settings_for
 from koi.wire import planning
+from services.runtime import plausible
 from services.runtime.app import ServiceContext, main
 from services.runtime.bus import Undecodable
 
@@ -55,6 +58,13 @@ async def run(ctx: ServiceContext) -> None:
             tick, observations = planning.decode_observations(data)
         except Exception as exc:
             raise Undecodable(f"observations: {exc}") from exc
+        # checked before the state is read: a tick past the clock stored as "the last
+        # tick learnt" would make every genuine tick after it look stale, for good
+        clock = await plausible.clock_tick(ctx.bus)
+        reason = plausible.check_tick(plausible.subject_tick(subject), tick, clock)
+        if reason is not None:
+            await plausible.refuse(ctx, subject, data, headers, reason, clock)
+            return
         beliefs, calibrator, last = await cache.load(ctx)
         if tick < last:
             ctx.log.info("stale_observations", tick=tick, state_tick=last)

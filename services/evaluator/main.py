@@ -92,7 +92,7 @@ async def run(ctx: ServiceContext) -> None:
     async def handle(subject: str, data: bytes, headers: dict | None) -> None:
         tick = subjects.tick_of(subject)
         ts = time.perf_counter()
-        if await ctx.bus.get_last(subjects.tick_subject(tick, "plan")) is not None:
+        if await ctx.bus.has(subjects.tick_subject(tick, "plan")):
             return  # already done (a redelivery)
         try:
             decoded = await reader.candidates(tick)  # prefetched, or read now
@@ -141,7 +141,7 @@ async def run(ctx: ServiceContext) -> None:
             decode = {"snapshot": planning.decode_snapshot,
                       "causal": planning.decode_causal_state,
                       "candidates": planning.decode_candidates}[stage]
-            reader.put(tick, stage, decode(msg.data))
+            reader.put(tick, stage, decode(await ctx.bus.resolve(msg)))  # may be a blob
         except Exception as exc:  # the handler reads it itself (and dead-letters it)
             ctx.log.debug("prefetch_skipped", subject=msg.subject, error=repr(exc))
 

@@ -41,7 +41,7 @@ async def run(ctx: ServiceContext) -> None:
 
     async def handle(subject: str, data: bytes, headers: dict | None) -> None:
         tick = subjects.tick_of(subject)
-        if await ctx.bus.get_last(subjects.tick_subject(tick, "candidates")) is not None:
+        if await ctx.bus.has(subjects.tick_subject(tick, "candidates")):
             return  # already done (a redelivery)
         try:
             version, _ = await reader.mechanisms(tick)

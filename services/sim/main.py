@@ -11,6 +11,14 @@ the jobs, all of which are in the tick stream, so a restarted sim re-applies the
 actions of every finished tick, re-injecting the jobs each stored snapshot held, and
 carries on where the last one stopped. At the horizon it stores the run's metrics
 (``RunSummary``) in the ``koi_sim`` bucket and idles.
+
+No admitted job can take the sim down. A job whose decoding or submission raises is
+quarantined: never added, an error event names it and the exception type, and its message
+is acked with the tick's others, so no restart meets it again. A job whose simulation
+raises is quarantined by the simulator (rejected ``quarantined: <type>``, deployments
+stopped; the event comes with the tick's world events). A restarted sim reads each tick's
+*next* stored snapshot before re-running the tick, and takes out the jobs it shows
+quarantined first, so replay never re-runs what crashed.
 """
 
 from __future__ import annotations
@@ -18,16 +26,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
+from functools import partial
 
 from koi import subjects
-from koi.cluster import DeploymentTelemetry, PlanDecision
+from koi.cluster import ClusterSnapshot, DeploymentTelemetry, JobStatus, PlanDecision
 from koi.jobs import JobSpec
 from koi.metrics import metrics_for
 from koi.scenario import load_scenario
-from koi.sim.simulator import Simulator
-from koi.v1 import bus_pb2, jobs_pb2, work_pb2
+from koi.sim.simulator import QUARANTINED, Simulator
+from koi.v1 import bus_pb2, work_pb2
 from koi.wire import codec, planning
-from koi.wire.jobs import job_from_proto
 from services.runtime.app import ServiceContext, main, ready_key
 
 NAME = "sim"
@@ -47,22 +56,61 @@ def build_simulator(ctx: ServiceContext) -> Simulator:
 async def replay(ctx: ServiceContext, sim: Simulator) -> list[DeploymentTelemetry]:
     """Re-apply every finished tick stored on the bus; returns the last telemetry."""
     telemetry: list[DeploymentTelemetry] = []
-    while not sim.done:
-        raw = await ctx.bus.get_last(subjects.tick_subject(sim.tick, "snapshot"))
-        if raw is None:
-            break
-        for status in planning.decode_snapshot(raw).jobs:
+    snap = await _stored_snapshot(ctx, sim.tick)
+    while not sim.done and snap is not None:
+        for status in snap.jobs:
             if status.id not in sim.jobs:
-                sim.submit(status.spec)
+                await _submit(ctx, sim, status.id, partial(_spec_of, status))
+        _requarantine(sim, snap)
         acts = await ctx.bus.get_last(subjects.tick_subject(sim.tick, "actions"))
         if acts is None:
             break
         decision, _ = planning.decode_actions(acts)
         sim.apply(decision)
+        # a job quarantined during this tick shows in the next snapshot: take it out
+        # before re-running the tick, so what crashed once is not run again
+        snap = await _stored_snapshot(ctx, sim.tick + 1)
+        if snap is not None:
+            _requarantine(sim, snap)
         telemetry = sim.advance()
     if sim.tick:
-        ctx.log.info("sim_replayed", ticks=sim.tick)
+        ctx.log.info("sim_replayed", ticks=sim.tick, quarantined=len(sim.quarantined))
     return telemetry
+
+
+async def _stored_snapshot(ctx: ServiceContext, tick: int) -> ClusterSnapshot | None:
+    raw = await ctx.bus.get_last(subjects.tick_subject(tick, "snapshot"))
+    return None if raw is None else planning.decode_snapshot(raw)
+
+
+def _spec_of(status: JobStatus) -> JobSpec:
+    return status.spec
+
+
+def _requarantine(sim: Simulator, snap: ClusterSnapshot) -> None:
+    for status in snap.jobs:
+        if status.rejected and status.reason.startswith(f"{QUARANTINED}:") \
+                and status.id in sim.jobs:
+            sim.quarantine(status.id, status.reason.split(":", 1)[1].strip())
+
+
+async def _submit(ctx: ServiceContext, sim: Simulator, job_id: str,
+                  decode: Callable[[], JobSpec]) -> JobSpec | None:
+    """Decode and submit one job; one whose handling raises is quarantined: not added,
+    an error event naming it and the exception type (no traceback). None then."""
+    try:
+        job = decode()
+        if job.id in sim.jobs:
+            return None
+        return sim.submit(job)
+    except Exception as exc:  # an admitted job must never take the sim down
+        error = type(exc).__name__
+        ctx.log.error("job_quarantined", job_id=job_id, error=error, stage="submit")
+        await ctx.event(kind="quarantine", severity="error", tick=sim.tick,
+                        key=f"submit-{job_id}", job_id=job_id, scenario_time_s=sim.now,
+                        message=f"job {job_id} quarantined: submitting it raised {error};"
+                                " it was not added to the run")
+        return None
 
 
 def _status(sim: Simulator, ticks: int) -> bytes:
@@ -98,7 +146,7 @@ def summary(sim: Simulator, wall_s: float, submitted: list[str], ctx: ServiceCon
 # what the world did (the sim's own records) → operator event kind and severity; the
 # placer reports what it asked for (launch, swap, …), the sim what happened to it
 WORLD_EVENTS = {"preemption": ("preemption", "warning"), "stockout": ("preemption", "warning"),
-                "admit": ("admission", "info")}
+                "admit": ("admission", "info"), "quarantine": ("quarantine", "error")}
 
 
 async def _events(ctx: ServiceContext, sim: Simulator, seen: int) -> int:
@@ -166,9 +214,9 @@ async def run(ctx: ServiceContext) -> None:
         stored = await ctx.bus.get_last(subjects.tick_subject(n, "snapshot"))
         pending = [] if stored is not None else await _fetch_jobs(jobs_sub)
         for msg in pending:
-            job = _decode_job(ctx, msg.data)
-            if job is not None and job.id not in sim.jobs:
-                sim.submit(job)
+            job = await _submit(ctx, sim, msg.subject.rsplit(".", 1)[-1],
+                                partial(_decode_job, ctx, msg.data))
+            if job is not None:
                 submitted.append(job.id)
         snap = sim.snapshot()
         await ctx.bus.publish(subjects.tick_subject(n, "snapshot"),
@@ -188,6 +236,10 @@ async def run(ctx: ServiceContext) -> None:
         else:
             decision, _ = planning.decode_actions(raw)
         sim.apply(decision)
+        if stored is not None:  # a tick the last process ran: as in replay(), look ahead
+            nxt = await _stored_snapshot(ctx, n + 1)
+            if nxt is not None:
+                _requarantine(sim, nxt)
         telemetry = sim.advance()
         seen_events = await _events(ctx, sim, seen_events)
         ctx.log.debug("tick_done", tick=n)
@@ -224,12 +276,10 @@ async def _fetch_jobs(sub) -> list:
         raise
 
 
-def _decode_job(ctx: ServiceContext, data: bytes) -> JobSpec | None:
-    try:
-        return job_from_proto(codec.decode(data, jobs_pb2.JobSpec), catalog=ctx.catalog)
-    except Exception as exc:  # validated at submission; a bad one here is logged, skipped
-        ctx.log.error("bad_accepted_job", error=repr(exc))
-        return None
+def _decode_job(ctx: ServiceContext, data: bytes) -> JobSpec:
+    # validated at admission, but the stream may hold a job written past it (or under
+    # older bounds): a failure here quarantines it (``_submit``)
+    return codec.decode_job(data, catalog=ctx.catalog)
 
 
 if __name__ == "__main__":

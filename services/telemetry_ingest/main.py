@@ -4,8 +4,11 @@ For each tick's telemetry batch it drops windows that cannot be true (non-finite
 negative counters: outliers, counted and logged), keeps the deployments that were in
 steady state (fully running at the two snapshots before, read back from the tick
 stream, so nothing here is per-process state), predicts each at the load it saw
-(``koi.planner.tick.observe``) and publishes the observations. It also raises an
-SLO-breach event for an online job whose window p95 exceeded its objective.
+(``koi.planner.tick.observe``) and publishes the observations. It also tells the
+operators about online jobs whose window p95 broke their objective: one event when a
+job's breach starts, sparse summaries while it lasts, one when it is over
+(``services.telemetry_ingest.breaches``, derived from the last ticks of telemetry, so
+a restart or a redelivery tells the same story with the same event ids).
 """
 
 from __future__ import annotations
@@ -14,15 +17,26 @@ import math
 
 from koi import subjects
 from koi.cluster import DeploymentTelemetry
-from koi.jobs import OnlineJob
+from koi.jobs import OnlineJob, Slo
 from koi.planner.tick import observe, steady_deployments
 from koi.policies.koi import settings_for
 from koi.wire import planning
 from services.runtime.app import ServiceContext, main
-from services.runtime.bus import Undecodable
+from services.runtime.bus import Bus, Undecodable
+from services.runtime.plausible import check_tick, clock_tick, refuse, subject_tick
 from services.runtime.ticks import TickReader
+from services.telemetry_ingest.breaches import (
+    BreachPolicy,
+    JobWindow,
+    breach_events,
+    job_windows,
+)
 
 NAME = "telemetry-ingest"
+# telemetry may be one tick ahead of the latest snapshot: an engine adapter (DESIGN §9)
+# can report a tick before the fleet backend's snapshot of it lands; the handler then
+# waits for that snapshot, as it always has
+TICKS_AHEAD = 1
 
 
 def plausible(t: DeploymentTelemetry) -> bool:
@@ -35,12 +49,21 @@ def plausible(t: DeploymentTelemetry) -> bool:
 async def run(ctx: ServiceContext) -> None:
     settings = settings_for(ctx.settings.policy)
     reader = TickReader(ctx.bus, ctx.settings.stage_deadline_s)
+    policy = BreachPolicy()
+    windows = WindowHistory(ctx.bus, policy)
 
     async def handle(subject: str, data: bytes, headers: dict | None) -> None:
         try:
             tick, telemetry = planning.decode_telemetry(data)
         except Exception as exc:
             raise Undecodable(f"telemetry batch: {exc}") from exc
+        # a tick far ahead would wait a whole stage deadline for its snapshot, be nak'd,
+        # and hold this one-at-a-time consumer forever: refuse it instead
+        clock = await clock_tick(ctx.bus)
+        reason = check_tick(subject_tick(subject), tick, clock, ahead=TICKS_AHEAD)
+        if reason is not None:
+            await refuse(ctx, subject, data, headers, reason, clock)
+            return
         kept = [t for t in telemetry if plausible(t)]
         if len(kept) < len(telemetry):
             ctx.log.warning("telemetry_outliers", tick=tick, dropped=len(telemetry) - len(kept))
@@ -52,7 +75,13 @@ async def run(ctx: ServiceContext) -> None:
         await ctx.bus.publish(subjects.tick_subject(tick, "observations"),
                               planning.encode_observations(tick, observations),
                               msg_id=f"observations-{tick}")
-        await _slo_breaches(ctx, snapshot, kept, tick)
+        slos = {j.id: j.spec.slo for j in snapshot.jobs if isinstance(j.spec, OnlineJob)}
+        history = await windows.history(tick, kept, slos)
+        for ev in breach_events(tick, history, slos, policy):
+            await ctx.event(kind="slo_breach", severity=ev.severity, tick=tick,
+                            key=f"{ev.job_id}:{ev.phase}", job_id=ev.job_id,
+                            deployment_id=ev.deployment_id, scenario_time_s=snapshot.time_s,
+                            message=ev.message, attributes=ev.attributes)
 
     handle_ = await ctx.bus.consume(subjects.STREAM_TELEMETRY, "telemetry-ingest",
                                     f"{subjects.TELEMETRY_PREFIX}.>", handle, service=NAME)
@@ -60,21 +89,37 @@ async def run(ctx: ServiceContext) -> None:
     await handle_.stop()
 
 
-async def _slo_breaches(ctx: ServiceContext, snapshot, telemetry, tick: int) -> None:
-    specs = {j.id: j.spec for j in snapshot.jobs}
-    for t in telemetry:
-        spec = specs.get(t.job_id)
-        if not isinstance(spec, OnlineJob) or t.requests_finished < 20:
-            continue
-        ttft, tpot = t.ttft_p95_s * 1e3, t.tpot_p95_s * 1e3
-        if ttft > spec.slo.ttft_ms or tpot > spec.slo.tpot_ms:
-            await ctx.event(
-                kind="slo_breach", severity="error", tick=tick, key=t.deployment_id,
-                job_id=t.job_id, deployment_id=t.deployment_id, scenario_time_s=snapshot.time_s,
-                message=(f"p95 TTFT {ttft:,.0f} ms (SLO {spec.slo.ttft_ms:,.0f}), TPOT "
-                         f"{tpot:.1f} ms (SLO {spec.slo.tpot_ms:.1f}) over the last "
-                         f"{t.window_s:.0f} s"),
-                attributes={"ttft_p95_ms": f"{ttft:.1f}", "tpot_p95_ms": f"{tpot:.2f}"})
+class WindowHistory:
+    """Each tick's ``job_windows`` over the policy's lookback: computed as batches are
+    handled, and read back from the telemetry stream for ticks this process has not
+    seen (after a restart), so the history does not depend on the process's past."""
+
+    def __init__(self, bus: Bus, policy: BreachPolicy) -> None:
+        self._bus = bus
+        self._policy = policy
+        self._by_tick: dict[int, dict[str, JobWindow]] = {}
+
+    async def history(self, tick: int, telemetry: list[DeploymentTelemetry],
+                      slos: dict[str, Slo]) -> dict[int, dict[str, JobWindow]]:
+        first = max(0, tick - self._policy.lookback + 1)
+        self._by_tick = {t: w for t, w in self._by_tick.items() if first <= t < tick}
+        self._by_tick[tick] = job_windows(telemetry, slos, self._policy.min_requests)
+        for t in range(first, tick):
+            if t not in self._by_tick:
+                self._by_tick[t] = job_windows(await self._stored(t), slos,
+                                               self._policy.min_requests)
+        return dict(self._by_tick)
+
+    async def _stored(self, tick: int) -> list[DeploymentTelemetry]:
+        data = await self._bus.get_last(subjects.telemetry_subject(tick))
+        if data is None:
+            return []
+        try:
+            stored_tick, telemetry = planning.decode_telemetry(data)
+        except Exception:  # a batch that did not decode was dead-lettered: no windows
+            return []
+        # a batch under another tick's subject was refused when it came: no windows
+        return [t for t in telemetry if plausible(t)] if stored_tick == tick else []
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import signal
 import time
 
 import grpc
-import nats
 import pytest
 
 from koi import subjects
@@ -34,6 +33,7 @@ from koi.wire.codec import encode_job
 from services.runtime.bus import delete_koi_state
 from services.runtime.busrun import BusRun
 from services.runtime.launcher import ALL
+from services.runtime.security import connect_nats
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -53,7 +53,7 @@ def nats_for_run(own_nats, tmp_path):
 
 
 async def _reset(url: str) -> None:
-    nc = await nats.connect(url)
+    nc = await connect_nats(url)
     await delete_koi_state(nc.jetstream())
     await nc.close()
 
@@ -79,7 +79,7 @@ def _job():
 
 def _request(url: str, subject: str, data: bytes) -> bytes:
     async def go() -> bytes:
-        nc = await nats.connect(url)
+        nc = await connect_nats(url)
         try:
             for _ in range(60):  # the placer may be restarting
                 try:
@@ -94,7 +94,7 @@ def _request(url: str, subject: str, data: bytes) -> bytes:
 
 def _publish(url: str, subject: str, data: bytes) -> None:
     async def go() -> None:
-        nc = await nats.connect(url)
+        nc = await connect_nats(url)
         await nc.jetstream().publish(subject, data)
         await nc.close()
     asyncio.run(go())
@@ -102,7 +102,7 @@ def _publish(url: str, subject: str, data: bytes) -> None:
 
 def _stored(url: str, stream: str, subject: str) -> list:
     async def go() -> list:
-        nc = await nats.connect(url)
+        nc = await connect_nats(url)
         js = nc.jetstream()
         sub = await js.subscribe(subject, ordered_consumer=True)
         out = []
@@ -136,7 +136,7 @@ def test_bus_run_matches_in_process(nats_for_run, redis_url, tmp_path, replicas)
 
 def _grpc_addr(url: str) -> str:
     async def go() -> str:
-        nc = await nats.connect(url)
+        nc = await connect_nats(url)
         kv = await nc.jetstream().key_value(subjects.KV_PLAN)
         entry = await kv.get("planner-api")
         await nc.close()
@@ -163,13 +163,18 @@ def test_submitted_job_is_acked_planned_and_counted(nats_for_run, redis_url, tmp
             job = _job()
             acks.append(jobs_pb2.JobAck.FromString(
                 _request(nats_for_run, subjects.JOBS_SUBMIT, encode_job(job))))
-            # the same id again is refused with the reason
+            # the same spec again is a retry, answered as the first time (issue 25); another
+            # spec under the same id is refused with the reason
             acks.append(jobs_pb2.JobAck.FromString(
                 _request(nats_for_run, subjects.JOBS_SUBMIT, encode_job(job))))
+            other = dataclasses.replace(job, priority=job.priority % 9 + 1)
+            acks.append(jobs_pb2.JobAck.FromString(
+                _request(nats_for_run, subjects.JOBS_SUBMIT, encode_job(other))))
 
     run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, HORIZON_S, redis_url).run(at_tick)
     assert acks[0].accepted and acks[0].job_id == "bus-submitted-chat"
-    assert not acks[1].accepted and "already exists" in acks[1].reason
+    assert acks[1].accepted and acks[1].duplicate and acks[1].tick == acks[0].tick
+    assert not acks[2].accepted and "different spec" in acks[2].reason
     assert "bus-submitted-chat" in run.summary.submitted_jobs
     planned = [planning.decode_plan_targets(m.data)[1]
                for m in _stored(nats_for_run, subjects.STREAM_TICKS, subjects.tick_filter("plan"))]
@@ -228,7 +233,7 @@ def test_kill_9_any_service_mid_run(nats_for_run, redis_url, tmp_path, service):
 
 def _lease_holder(url: str) -> str:
     async def go() -> str:
-        nc = await nats.connect(url)
+        nc = await connect_nats(url)
         kv = await nc.jetstream().key_value(subjects.KV_LEASES)
         entry = await kv.get(subjects.KEY_PLACER_LEASE)
         await nc.close()

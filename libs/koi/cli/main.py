@@ -213,6 +213,53 @@ def _s(x: float) -> str:
     return f"{x:.1f}"
 
 
+@bench_app.command("admission")
+def bench_admission(
+    rates: Annotated[str, Opt(help="Offered submissions/s, comma-separated.")
+                     ] = "500,1000,2000,4000,8000",
+    duration_s: Annotated[float, Opt(help="Seconds of sending at each rate.")] = 4.0,
+    runs: Annotated[int, Opt(help="Runs at each rate (each on a fresh NATS; the median "
+                                  "row is printed after them).")] = 1,
+    replicas: Annotated[int, Opt(help="Placer replicas answering (queue group).")] = 2,
+    timeout_s: Annotated[float, Opt(help="Seconds a sender waits for each ack.")] = 2.0,
+    out: Annotated[Path, Opt(help="Directory for the placers' logs.")
+                   ] = Path("out/bench-admission"),
+    secure: Annotated[bool, Opt("--secure/--plain", help="NATS as deployed (TLS, one user "
+                                "per role) or plain TCP without accounts.")] = True,
+) -> None:
+    """Job admission under load: acked/s, ack latency, busy answers, and whether every
+    accepted job is stored exactly once (a fresh NATS and placers per run)."""
+    from services.bench_admission import HEADER, format_row, knee, median_row, sweep
+
+    try:
+        wanted = tuple(float(x) for x in rates.split(",") if x.strip())
+    except ValueError:
+        raise typer.BadParameter(f"--rates takes numbers, comma-separated (got {rates!r})"
+                                 ) from None
+    if not wanted or not all(0 < r <= 100_000 for r in wanted):
+        raise typer.BadParameter(f"--rates must be in (0, 100000] (got {rates!r})")
+    if duration_s <= 0 or timeout_s <= 0 or runs < 1 or replicas < 1:
+        raise typer.BadParameter("--duration-s and --timeout-s must be > 0, --runs and "
+                                 "--replicas >= 1")
+
+    def say(line: str) -> None:
+        console.print(line, soft_wrap=True)
+
+    say(HEADER)
+    per = sweep(wanted, duration_s, timeout_s, replicas, runs, out, progress=say,
+                secure=secure)
+    medians = {rate: median_row(rows) for rate, rows in per.items()}
+    if runs > 1:
+        say(f"median of {runs} runs:")
+        for row in medians.values():
+            say(format_row(row))
+    held, broke = knee(medians)
+    console.print(f"holds (p99 <= 250 ms, no timeout, lost, duplicate or lying ack, <= 1 % "
+                  f"busy) up to {held:g}/s" if held else "holds at none of these rates",
+                  end="")
+    console.print(f"; not at {broke:g}/s" if broke else "")
+
+
 @bench_app.command("thinning")
 def bench_thinning(
     model: Annotated[str, Opt(help="Model id.")] = "qwen2.5-7b",
@@ -338,16 +385,38 @@ def serve(name: Annotated[str, typer.Argument(help="Service: sim, telemetry-inge
 
 
 @app.command()
+def security(
+    action: Annotated[str, typer.Argument(help="init")],
+    directory: Annotated[Path, typer.Argument(help="Secrets directory to make or complete.")],
+    san: Annotated[list[str] | None, Opt(help="Extra server name or IP (repeatable).")] = None,
+    mount: Annotated[Path | None, Opt(help="Where DIRECTORY appears to nats-server.")] = None,
+) -> None:
+    """`koi security init DIR`: a CA, the server certificate (NATS and planner-api's
+    gRPC), one user per service, the nats-server config and planner-api's gRPC bearer
+    token (services/runtime/security.py). No secret is printed."""
+    from services.runtime.security import init_command
+
+    if action != "init":
+        raise typer.BadParameter(f"unknown action {action!r}; known: init")
+    console.print(init_command(directory, san or (), mount))
+
+
+@app.command()
 def submit(
     path: Annotated[Path, typer.Argument(help="Job YAML (one job or a list).")],
     nats_url: Annotated[str | None, Opt(help="NATS URL (default $KOI_NATS_URL).")] = None,
-    timeout_s: Annotated[float, Opt(help="Seconds to wait for each ack.")] = 15.0,
+    timeout_s: Annotated[float, Opt(help="Seconds to keep asking for each ack (busy "
+                                         "answers and silence are retried; then the "
+                                         "stream is looked up).")] = 15.0,
+    debug: Annotated[bool, Opt(help="Show the traceback of an error, not one line.")
+                     ] = False,
 ) -> None:
     """Submit jobs on koi.jobs.submit and print each ack (accepted with its id, or rejected
-    with the reason). Exit code 1 if any was rejected or unanswered."""
+    with the reason). Exit code 1 if any was rejected or unanswered, 2 if the file or the
+    bus could not be used."""
     from services.cli import submit as submit_jobs
 
-    raise typer.Exit(submit_jobs(path, nats_url, timeout_s))
+    raise typer.Exit(submit_jobs(path, nats_url, timeout_s, debug))
 
 
 @events_app.command("follow")
@@ -360,11 +429,16 @@ def events_follow(
     follow: Annotated[bool, Opt(help="Keep following new events (--no-follow: print what "
                                      "is there and exit).")] = True,
     nats_url: Annotated[str | None, Opt(help="NATS URL (default $KOI_NATS_URL).")] = None,
+    kind: Annotated[list[str] | None, Opt(help="Only these kinds (repeatable or a,b), e.g. "
+                                               "slo_breach,service.")] = None,
+    as_json: Annotated[bool, Opt("--json", help="One JSON object per line: every field of "
+                                                "the event and the scenario clock.")] = False,
 ) -> None:
-    """Print operator events as readable lines, with the mechanisms behind each."""
+    """Print operator events as readable lines, with the mechanisms behind each (an
+    event that does not decode is skipped with a warning on stderr)."""
     from services.cli import events_follow as follow_events
 
-    follow_events(nats_url, job, severity, since, follow)
+    follow_events(nats_url, job, severity, since, follow, kind, as_json)
 
 
 if __name__ == "__main__":
