@@ -74,6 +74,17 @@ def process_key(service: str, replica: int) -> str:
 RUNNING, STOPPED = b"running", b"stopped"
 
 
+async def _clock(ctx: ServiceContext) -> int:
+    """The tick a service event belongs to: the latest snapshot's (0 before the first,
+    or when the bus cannot say), so the event sorts with the ticks it interrupted."""
+    from services.runtime.plausible import clock_tick  # plausible imports this module
+
+    try:
+        return max(await asyncio.wait_for(clock_tick(ctx.bus), 5.0) or 0, 0)
+    except Exception:
+        return 0
+
+
 async def _mark_running(ctx: ServiceContext) -> int:
     """Record this process as running (returns the write's revision, unique to this
     process); a replica left ``running`` by its previous process is reported."""
@@ -82,7 +93,7 @@ async def _mark_running(ctx: ServiceContext) -> int:
     revision = await ctx.bus.kv_put(subjects.KV_SIM, key, RUNNING)
     if previous is not None and previous[0] == RUNNING:
         ctx.log.warning("service_restarted_after_unclean_stop")
-        await ctx.event(kind="service", severity="warning", tick=0,
+        await ctx.event(kind="service", severity="warning", tick=await _clock(ctx),
                         key=f"{replica}:restarted:{revision}",
                         message=f"{ctx.name} replica {replica} restarted after an unclean "
                                 "stop (the previous process crashed or was killed)",
@@ -94,7 +105,7 @@ async def _report_crash(ctx: ServiceContext, exc: BaseException, revision: int) 
     """The ERROR event of a body that raised: the exception's type only (its message and
     traceback may carry payloads or credentials; ``main`` logs the traceback)."""
     replica, kind = ctx.settings.replica, type(exc).__name__
-    await ctx.event(kind="service", severity="error", tick=0,
+    await ctx.event(kind="service", severity="error", tick=await _clock(ctx),
                     key=f"{replica}:crashed:{revision}",
                     message=f"{ctx.name} replica {replica} crashed ({kind}); it exits for "
                             "its supervisor to restart it",

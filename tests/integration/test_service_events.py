@@ -87,3 +87,15 @@ async def test_replicas_are_told_apart(bus: Bus, settings):
     await asyncio.wait_for(run_service(NAME, _finish, other), 30)  # replica 2: a first start
     (only,) = await _service_events(bus)
     assert only.attributes["phase"] == "crashed"
+
+
+@pytest.mark.asyncio
+async def test_a_service_event_carries_the_tick_it_interrupted(bus: Bus, settings):
+    # the clock is the latest snapshot's tick: an event at tick 0 would sort before the
+    # run it interrupted (and the fault suite looks for causes after the fault's tick)
+    await bus.js.publish(subjects.tick_subject(7, "snapshot"), b"snapshot bytes")
+    with pytest.raises(BodyFailed):
+        await asyncio.wait_for(run_service(NAME, _crash, settings), 30)
+    await asyncio.wait_for(run_service(NAME, _finish, settings), 30)
+    crash, restart = await _service_events(bus)
+    assert (crash.tick, restart.tick) == (7, 7)
