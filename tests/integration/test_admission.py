@@ -299,3 +299,15 @@ async def test_a_degraded_tick_names_the_stage_it_stalled_at(bus: Bus, placers) 
     assert ev.tick == tick
     assert f"no candidates for tick {tick} (proposer): the tick stalled after causal" \
         in ev.message, ev.message
+
+
+def test_bench_admission_runs_as_deployed_and_reads_the_stream_back(tmp_path: Path) -> None:
+    """``koi bench admission`` end to end at a low rate, on a secure NATS with a placer
+    process: every submission answered and accepted, every accepted job stored once."""
+    from services.bench_admission import format_row, run_rate
+
+    row = run_rate(50.0, 1.0, 5.0, 1, "smoke", tmp_path, secure=True)
+    assert (row.accepted, row.timeouts, row.busy, row.rejected) == (50, 0, 0, 0), \
+        format_row(row)
+    assert (row.stored, row.lost, row.duplicated, row.unacked) == (50, 0, 0, 0)
+    assert row.p99_ms > 0 and row.holds()
