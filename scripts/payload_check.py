@@ -41,6 +41,7 @@ from services.runtime.bus import Bus, connect
 from services.runtime.busrun import BusRun
 from services.runtime.embedded import start_nats, start_valkey
 from services.runtime.launcher import Supervisor
+from services.runtime.logs import configure_logging
 
 
 def extra_jobs(scenario: str, n: int) -> list:
@@ -197,6 +198,7 @@ def main() -> int:
                     help="KOI_STAGE_DEADLINE_S: a stalled tick costs this much")
     ap.add_argument("--timeout-s", type=float, default=3600.0)
     args = ap.parse_args()
+    configure_logging("payload-check", "warning", "console")  # stdout is the JSON alone
     if args.blob_cost:
         json.dump(blob_costs([0.5, 1.5, 5.0]), sys.stdout, indent=2)
         print()
