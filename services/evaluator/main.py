@@ -71,6 +71,22 @@ def from_slice(msg: work_pb2.EvaluatedSlice, proposals) -> Evaluated:
                      slo_feasible=np.array(msg.slo_feasible, dtype=bool))
 
 
+async def _tell_cache_health(ctx: ServiceContext, cache: PredictionCache, tick: int) -> None:
+    """An event when the prediction cache stops answering, and one when it is back: it
+    costs speed, never a decision, but an operator should know it is gone."""
+    change = cache.health_change()
+    if change == "down":
+        await ctx.event(kind="service", severity="warning", tick=tick, key="cache-down",
+                        message="the prediction cache (Redis) is not answering: predictions"
+                                " are computed without it (slower, the same decisions);"
+                                f" retried every {cache.retry_after_s:g} s",
+                        attributes={"phase": "cache_down", "errors": str(cache.errors)})
+    elif change == "up":
+        await ctx.event(kind="service", severity="info", tick=tick, key="cache-up",
+                        message="the prediction cache (Redis) answers again",
+                        attributes={"phase": "cache_up"})
+
+
 async def run(ctx: ServiceContext) -> None:
     settings = settings_for(ctx.settings.policy)
     reader = TickReader(ctx.bus, ctx.settings.stage_deadline_s)
@@ -123,6 +139,7 @@ async def run(ctx: ServiceContext) -> None:
         stats = {"tick": tick, "hits": hits, "misses": misses, "skipped": skipped,
                  "cache": cache.stats()}
         await ctx.bus.kv_put(subjects.KV_PLAN, KEY_CACHE_STATS, json.dumps(stats).encode())
+        await _tell_cache_health(ctx, cache, tick)
         ctx.log.info("evaluated", tick=tick, candidates=len(proposals), slices=len(slices),
                      cache_hits=hits, cache_misses=misses, cache_skipped=skipped,
                      evaluate_s=round(t1 - t0, 4), compose_s=round(t2 - t1, 4),

@@ -10,7 +10,8 @@ start, ``stopped`` on a clean exit. A body that raises emits an ERROR ``service`
 (service, replica, exception type: no traceback, no message, which may hold anything)
 and the process exits non-zero for its supervisor to restart it; a process that finds
 its replica still marked ``running`` emits a WARNING: the previous one stopped uncleanly
-(crashed, or was killed).
+(crashed, or was killed). A connection to NATS lost and regained is a WARNING
+``bus_error`` event saying for how long.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -113,6 +115,23 @@ async def _report_crash(ctx: ServiceContext, exc: BaseException, revision: int) 
                                 "exception": kind})
 
 
+async def _report_reconnect(ctx: ServiceContext, seconds: float) -> None:
+    """A WARNING ``bus_error`` event once the NATS connection is back (it cannot be sent
+    while it is down): how long this replica was cut off, so a NATS outage or a
+    partition shows in the event log next to the degraded ticks it caused."""
+    await asyncio.sleep(_RECONNECT_SETTLE_S)  # JetStream may still be recovering its streams
+    replica = ctx.settings.replica
+    await ctx.event(kind="bus_error", severity="warning", tick=await _clock(ctx),
+                    key=f"{replica}:reconnected:{time.time_ns()}",
+                    message=f"{ctx.name} replica {replica} lost its NATS connection for "
+                            f"{seconds:.1f} s; reconnected",
+                    attributes={"replica": str(replica), "phase": "reconnected",
+                                "down_s": f"{seconds:.1f}"})
+
+
+_RECONNECT_SETTLE_S = 1.0
+
+
 async def run_service(name: str, body: Body, settings: ServiceSettings | None = None) -> None:
     settings = settings or ServiceSettings.from_env()
     configure_logging(name, settings.log_level, settings.log_format)
@@ -122,6 +141,7 @@ async def run_service(name: str, body: Body, settings: ServiceSettings | None = 
     await bus.ensure_streams()
     await bus.ensure_kv()
     ctx = ServiceContext(name, settings, bus, load_catalog(), log=log)
+    bus.on_reconnected = lambda seconds: _report_reconnect(ctx, seconds)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread

@@ -147,6 +147,8 @@ async def connect(url: str, name: str, *, wait_s: float | None = 30.0,
     a refused login or certificate fails at once, it is not retried."""
     nc = Client()
     options = connect_options(auth, url)
+    made: list[Bus] = []                 # the Bus, once there is one
+    down_since: list[float] = []         # when the connection was lost (empty: it is up)
 
     async def on_error(err: Exception) -> None:
         log.warning("nats_error", connection=name, error=str(err) or type(err).__name__)
@@ -154,9 +156,15 @@ async def connect(url: str, name: str, *, wait_s: float | None = 30.0,
     async def on_disconnected() -> None:
         if not (nc.is_closed or nc.is_draining):  # not worth a warning when we close it
             log.warning("nats_disconnected", connection=name)
+            down_since[:] = down_since or [time.monotonic()]
 
     async def on_reconnected() -> None:
-        log.info("nats_reconnected", connection=name, server=_server(nc))
+        seconds = time.monotonic() - down_since.pop() if down_since else 0.0
+        log.info("nats_reconnected", connection=name, server=_server(nc),
+                 down_s=round(seconds, 1))
+        hook = made[0].on_reconnected if made else None
+        if hook is not None:  # not awaited here: nats-py waits for its callbacks
+            _background(hook(seconds))
 
     async def on_closed() -> None:
         log.info("nats_closed", connection=name)
@@ -173,7 +181,17 @@ async def connect(url: str, name: str, *, wait_s: float | None = 30.0,
         raise ConnectionError(f"could not connect to NATS at {redact_url(url)} within "
                               f"{wait_s} s") from None
     log.info("nats_connected", connection=name, server=_server(nc))
-    return Bus(nc, name)
+    made.append(Bus(nc, name))
+    return made[0]
+
+
+_BACKGROUND: set[asyncio.Task[Any]] = set()  # strong references until each is done
+
+
+def _background(coro: Awaitable[Any]) -> None:
+    task = asyncio.ensure_future(coro)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
 
 
 async def _create_store(create: Callable[[], Awaitable[Any]]) -> Any:
@@ -206,6 +224,9 @@ class Bus:
         self.blobs = BlobStore(nc, self.js, subjects.OBJ_BLOBS, MAX_MSG_BYTES)
         self.kv_blobs = BlobStore(nc, self.js, subjects.OBJ_KV_BLOBS, MAX_MSG_BYTES)
         self._kv_refs: dict[tuple[str, str], str] = {}  # the blob each key last held
+        # called (in the background) with the seconds the connection was down, each time
+        # it comes back: run_service turns it into an operator event
+        self.on_reconnected: Callable[[float], Awaitable[None]] | None = None
 
     # -- set-up -------------------------------------------------------------------------
     async def ensure_streams(self, *, replicas: int = 1) -> None:

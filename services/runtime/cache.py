@@ -47,7 +47,10 @@ class PredictionCache:
         self.errors = 0
         self.writes = 0
         self.skipped_writes = 0
+        self.answered = 0        # round trips Redis answered
         self._quiet_until = 0.0  # monotonic time before which Redis is not tried again
+        self._seen = (0, 0)      # (errors, answered) at the last health_change()
+        self._down = False
         self._client: Any = None
         if self.url:
             # no client-side retries: one failed attempt is the whole cost of a miss
@@ -79,6 +82,7 @@ class PredictionCache:
             try:
                 got = self._client.mget([self._full(k) for k in keys])
                 values = [v if isinstance(v, bytes) else None for v in got]
+                self.answered += 1
             except (redis.RedisError, OSError) as err:
                 self._failed("cache_get_failed", err)
         found = sum(v is not None for v in values)
@@ -99,9 +103,24 @@ class PredictionCache:
                 pipe.set(self._full(key), value, ex=self.ttl_s)
             pipe.execute()
             self.writes += len(items)
+            self.answered += 1
         except (redis.RedisError, OSError) as err:
             self.skipped_writes += len(items)
             self._failed("cache_set_failed", err)
+
+    def health_change(self) -> str | None:
+        """Since the last call: ``"down"`` when Redis failed and had been answering (or
+        never failed before), ``"up"`` when it answered again without failing after being
+        down, else None. The evaluator asks once per tick and tells the operator."""
+        errors, answered = self.errors - self._seen[0], self.answered - self._seen[1]
+        self._seen = (self.errors, self.answered)
+        if errors and not self._down:
+            self._down = True
+            return "down"
+        if self._down and answered and not errors:
+            self._down = False
+            return "up"
+        return None
 
     def close(self) -> None:
         if self._client is not None:

@@ -390,22 +390,27 @@ def test_cache_survives_redis_dying_mid_use(own_valkey) -> None:
     cache = PredictionCache(server.url, retry_after_s=0.5)
     cache.set_many({"a": b"1"})
     assert cache.get_many(["a"]) == [b"1"]
+    assert cache.health_change() is None  # answering, as it was
 
     server.kill()
     started = time.monotonic()
     assert cache.get_many(["a", "b"]) == [None, None]
+    assert cache.health_change() == "down"   # told once (the evaluator's event) ...
     cache.set_many({"c": b"3"})           # silently skipped
     for _ in range(200):                   # back-off: a dead Redis is not hammered
         assert cache.get_many(["a"]) == [None]
     assert time.monotonic() - started < 1.0
     assert cache.errors == 1
     assert cache.stats()["skipped_writes"] == 1
+    assert cache.health_change() is None     # ... not while it stays down, nor ...
+    assert cache.health_change() is None     # ... when nothing was tried
 
     server.restart()
     time.sleep(0.6)                        # past the back-off: it is tried again
     cache.set_many({"a": b"again"})
     assert cache.get_many(["a"]) == [b"again"]
     assert cache.errors == 1
+    assert cache.health_change() == "up" and cache.health_change() is None
 
 
 # --- embedded servers -----------------------------------------------------------------

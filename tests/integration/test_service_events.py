@@ -6,6 +6,7 @@ process of the same replica; a clean stop leaves no warning behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Iterator
@@ -99,3 +100,51 @@ async def test_a_service_event_carries_the_tick_it_interrupted(bus: Bus, setting
     await asyncio.wait_for(run_service(NAME, _finish, settings), 30)
     crash, restart = await _service_events(bus)
     assert (crash.tick, restart.tick) == (7, 7)
+
+
+async def _wait_forever(ctx: ServiceContext) -> None:
+    await ctx.stopping.wait()
+
+
+@pytest.mark.asyncio
+async def test_a_lost_nats_connection_is_an_event_once_it_is_back(own_nats, settings):
+    # kill -9 of NATS says nothing while it is down; every service says, once back, how
+    # long it was cut off (the fault suite's kill-nats case looks for these)
+    server = own_nats()
+    mine = dataclasses.replace(settings, nats_url=server.url)
+    service = asyncio.create_task(run_service(NAME, _wait_forever, mine))
+    from services.runtime.bus import connect
+
+    watcher = await connect(server.url, "test-watcher", wait_s=10)
+    for _ in range(100):  # the service is up once it has said so
+        with contextlib.suppress(Exception):  # (no bucket until the service makes it)
+            if await watcher.kv_get(subjects.KV_SIM, f"ready.{NAME}") is not None:
+                break
+        await asyncio.sleep(0.1)
+    server.kill()
+    await asyncio.sleep(1.5)
+    server.restart()
+    events: list[events_pb2.OperatorEvent] = []
+    for _ in range(100):
+        events = [ev for ev in await _all_events(watcher)
+                  if ev.kind == events_pb2.EVENT_KIND_BUS_ERROR]
+        if events:
+            break
+        await asyncio.sleep(0.1)
+    service.cancel()
+    await asyncio.gather(service, return_exceptions=True)
+    await watcher.close()
+    (ev,) = events
+    assert ev.service == NAME and ev.severity == events_pb2.SEVERITY_WARNING
+    assert ev.attributes["phase"] == "reconnected" and float(ev.attributes["down_s"]) >= 1.0
+    assert "lost its NATS connection for" in ev.message
+
+
+async def _all_events(bus: Bus) -> list[events_pb2.OperatorEvent]:
+    try:
+        state = (await bus.js.stream_info(subjects.STREAM_EVENTS)).state
+    except Exception:  # JetStream still recovering after the restart
+        return []
+    seqs = range(state.first_seq, state.last_seq + 1) if state.messages else range(0)
+    return [events_pb2.OperatorEvent.FromString(
+        (await bus.js.get_msg(subjects.STREAM_EVENTS, seq)).data or b"") for seq in seqs]
