@@ -230,6 +230,9 @@ def bench_admission(
     """Job admission under load: acked/s, ack latency, busy answers, and whether every
     accepted job is stored exactly once (a fresh NATS and placers per run)."""
     from services.bench_admission import HEADER, format_row, knee, median_row, sweep
+    from services.runtime.logs import configure_logging
+
+    configure_logging("bench-admission", "warning", "console")  # the table alone on stdout
 
     try:
         wanted = tuple(float(x) for x in rates.split(",") if x.strip())
