@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
 GEN_STAMP := libs/koi/v1/.generated
 
-.PHONY: venv proto test demo lint bench typecheck clean
+.PHONY: venv proto test demo lint bench typecheck chaos clean
 
 venv: $(STAMP)
 
@@ -41,6 +41,12 @@ bench: proto
 	$(BIN)/koi bench predictor
 	$(BIN)/koi bench --scenarios $(BENCH_SCENARIOS) --policies $(BENCH_POLICIES) \
 	  --seeds $(BENCH_SEEDS) --out $(BENCH_OUT) --json $(BENCH_OUT)/runs.json
+
+# The fault suite (docs/RELIABILITY.md): kill -9 of each service, NATS and valkey, a
+# partition and a slow link through a loopback proxy, forged messages; each case checks
+# its promises. Loopback only, bounded, about 25 minutes on two cores. CHAOS_ARGS=--case X
+chaos: proto
+	$(BIN)/python -m services.chaos $(CHAOS_ARGS)
 
 lint: proto
 	$(BIN)/ruff check .
