@@ -44,7 +44,7 @@ bench: proto
 
 # The fault suite (docs/RELIABILITY.md): kill -9 of each service, NATS and valkey, a
 # partition and a slow link through a loopback proxy, forged messages; each case checks
-# its promises. Loopback only, bounded, about 25 minutes on two cores. CHAOS_ARGS=--case X
+# its promises. Loopback only, bounded, about 6 minutes on two cores. CHAOS_ARGS=--case X
 chaos: proto
 	$(BIN)/python -m services.chaos $(CHAOS_ARGS)
 
