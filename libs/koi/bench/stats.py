@@ -1,0 +1,289 @@
+"""Paired statistics for benchmark comparisons: is the reference policy really better?
+
+Runs of two policies on the same (scenario, seed) see the same jobs and the same world
+(the simulator draws them from streams seeded by the seed alone), so the difference of a
+metric between them is a *paired* difference: most of the scenario's noise cancels.
+``paired_differences`` forms reference − policy over the pairs both policies ran;
+``bootstrap_ci`` gives a percentile-bootstrap interval of the mean difference;
+``compare`` turns each policy's pairs into a ``Comparison`` (mean difference, interval,
+win rate and a verdict), pooled or per scenario; ``format_comparisons`` renders them as
+Markdown. A claim whose interval includes 0 is reported as "no difference".
+
+Records are the per-run objects of ``runs.jsonl`` (``koi.bench.report.run_json``):
+``scenario``, ``policy``, ``seed`` at the top and the metrics under ``metrics``, with
+non-finite numbers written as ``null``. Pure: numpy only, no files, no printing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+Record = Mapping[str, Any]
+Key = tuple[str, int]                  # (scenario, seed)
+
+ALL_SCENARIOS = "all"                  # ``Comparison.scenario`` when scenarios are pooled
+METRIC_ALIASES: dict[str, str] = {"score": "overall_score"}
+LOWER_IS_BETTER: frozenset[str] = frozenset(
+    {"cost_per_token_usd", "spend_usd", "wall_s", "refused_actions"})
+VERDICTS = ("better", "worse", "no difference")
+_CHUNK = 2_000_000                     # resampled values held at once by ``bootstrap_ci``
+
+
+@dataclass(frozen=True, slots=True)
+class PairedDiffs:
+    """reference − policy on one metric, over the (scenario, seed) pairs both have run.
+
+    Pairs missing on either side, or with a value that is null or not finite (``$/token``
+    with nothing served), are dropped and counted, never imputed.
+    """
+
+    policy: str
+    reference: str
+    metric: str
+    keys: tuple[Key, ...]       # (scenario, seed) of each kept pair, sorted
+    diffs: tuple[float, ...]    # reference − policy, in ``keys`` order
+    only_reference: int = 0     # (scenario, seed) the reference ran and the policy did not
+    only_policy: int = 0        # (scenario, seed) the policy ran and the reference did not
+    not_finite: int = 0         # pairs both ran, dropped for a null/inf/nan value
+
+    @property
+    def dropped(self) -> int:
+        """Every (scenario, seed) seen for either side that did not make a pair."""
+        return self.only_reference + self.only_policy + self.not_finite
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """The reference against one policy, on one metric, over ``n`` paired runs.
+
+    ``mean_diff`` is the mean of reference − policy (positive: the reference scored more);
+    ``ci_low``/``ci_high`` bound it with a percentile bootstrap at ``confidence``;
+    ``win_rate`` is the fraction of pairs in which the reference did better (a tie counts
+    one half), "better" following ``higher_is_better``. ``verdict`` is "no difference"
+    when the interval includes 0, else "better" or "worse" for the reference. With no
+    pairs the figures are nan and the verdict "no difference": there is nothing to claim.
+    """
+
+    scenario: str               # ``ALL_SCENARIOS`` when pooled over scenarios
+    policy: str
+    reference: str
+    metric: str
+    n: int                      # pairs used
+    mean_diff: float
+    ci_low: float
+    ci_high: float
+    win_rate: float             # 0..1, of the reference
+    verdict: str                # one of ``VERDICTS``
+    confidence: float
+    higher_is_better: bool
+    dropped: int = 0            # ``PairedDiffs.dropped``
+
+
+# --- pairing -----------------------------------------------------------------------------
+
+def metric_value(record: Record, metric: str) -> float | None:
+    """``metric`` of one run: a top-level number or one under ``metrics`` (dots go deeper,
+    ``score_terms.batch_progress``); ``score`` means ``overall_score``. None for a null or
+    non-finite value; ``KeyError`` for a metric the record does not have (a typo must not
+    silently drop every pair)."""
+    key = METRIC_ALIASES.get(metric, metric)
+    if key in record and key != "metrics":
+        value = record[key]
+    else:
+        value = record["metrics"]
+        for part in key.split("."):
+            value = value[part]
+    if value is None or not math.isfinite(float(value)):
+        return None
+    return float(value)
+
+
+def _by_key(records: Iterable[Record], metric: str) -> dict[str, dict[Key, float | None]]:
+    """policy → (scenario, seed) → value; a run recorded twice is an error."""
+    table: dict[str, dict[Key, float | None]] = {}
+    for r in records:
+        runs = table.setdefault(str(r["policy"]), {})
+        key = (str(r["scenario"]), int(r["seed"]))
+        if key in runs:
+            raise ValueError(f"run recorded twice: {r['policy']} on {key[0]} seed {key[1]}")
+        runs[key] = metric_value(r, metric)
+    return table
+
+
+def _pair(ref: Mapping[Key, float | None], pol: Mapping[Key, float | None], policy: str,
+          reference: str, metric: str) -> PairedDiffs:
+    both = sorted(ref.keys() & pol.keys())
+    kept: list[tuple[Key, float]] = []
+    for k in both:
+        a, b = ref[k], pol[k]
+        if a is not None and b is not None:
+            kept.append((k, a - b))
+    return PairedDiffs(policy, reference, metric, tuple(k for k, _ in kept),
+                       tuple(d for _, d in kept), only_reference=len(ref.keys() - pol.keys()),
+                       only_policy=len(pol.keys() - ref.keys()),
+                       not_finite=len(both) - len(kept))
+
+
+def paired_differences(records: Iterable[Record], metric: str = "score",
+                       reference: str = "koi") -> dict[str, PairedDiffs]:
+    """For each policy other than ``reference`` (first-seen order), reference − policy.
+
+    Raises ``ValueError`` if the reference has no runs or a run appears twice.
+    """
+    table = _by_key(records, metric)
+    if reference not in table:
+        raise ValueError(f"no runs of the reference policy {reference!r}")
+    ref = table[reference]
+    return {p: _pair(ref, runs, p, reference, metric)
+            for p, runs in table.items() if p != reference}
+
+
+# --- the interval ------------------------------------------------------------------------
+
+def _mean(d: np.ndarray) -> float:
+    """The sample mean, exactly the value for a constant sample (no rounding drift)."""
+    if d.size and np.all(d == d[0]):
+        return float(d[0])
+    return math.fsum(d.tolist()) / d.size
+
+
+def bootstrap_ci(diffs: Sequence[float] | np.ndarray, confidence: float = 0.95,
+                 resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the mean of ``diffs`` at ``confidence``.
+
+    Draws ``resamples`` samples with replacement from a generator seeded by ``seed`` (the
+    same inputs give the same interval) and takes the central ``confidence`` quantiles of
+    their means. The resampling is done on the centred data and the mean added back, so
+    rounding cannot push the sample mean out of the interval. One element, or all equal:
+    ``(d, d)``. Raises ``ValueError`` for no element or a non-finite one.
+    """
+    d = np.asarray(diffs, dtype=float).ravel()
+    if d.size == 0:
+        raise ValueError("bootstrap_ci needs at least one difference")
+    if not np.all(np.isfinite(d)):
+        raise ValueError("bootstrap_ci needs finite differences")
+    if not 0.0 < confidence < 1.0 or resamples < 1:
+        raise ValueError(f"need 0 < confidence < 1 and resamples ≥ 1 "
+                         f"(got {confidence}, {resamples})")
+    mean = _mean(d)
+    if np.all(d == d[0]):
+        return mean, mean
+    centred = d - mean
+    rng = np.random.default_rng(seed)
+    rows = max(1, _CHUNK // d.size)
+    means = np.concatenate([
+        centred[rng.integers(0, d.size, size=(min(rows, resamples - i), d.size))].mean(axis=1)
+        for i in range(0, resamples, rows)])
+    alpha = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
+    # centred quantiles straddle 0, and float addition is monotone, so mean + lo ≤ mean
+    return mean + float(lo), mean + float(hi)
+
+
+# --- comparisons -------------------------------------------------------------------------
+
+def _win_rate(d: np.ndarray, higher_is_better: bool) -> float:
+    wins = np.sum(d > 0) if higher_is_better else np.sum(d < 0)
+    return float(wins + 0.5 * np.sum(d == 0)) / d.size
+
+
+def _verdict(low: float, high: float, mean: float, higher_is_better: bool) -> str:
+    if low <= 0.0 <= high:
+        return "no difference"
+    return "better" if (mean > 0) == higher_is_better else "worse"
+
+
+def _comparison(p: PairedDiffs, scenario: str, higher_is_better: bool, confidence: float,
+                resamples: int, seed: int) -> Comparison:
+    d = np.asarray(p.diffs, dtype=float)
+    head = (scenario, p.policy, p.reference, p.metric, d.size)
+    tail = (confidence, higher_is_better, p.dropped)
+    if d.size == 0:
+        return Comparison(*head, math.nan, math.nan, math.nan, math.nan, "no difference",
+                          *tail)
+    low, high = bootstrap_ci(d, confidence, resamples, seed)
+    mean = _mean(d)
+    return Comparison(*head, mean, low, high, _win_rate(d, higher_is_better),
+                      _verdict(low, high, mean, higher_is_better), *tail)
+
+
+def compare(records: Iterable[Record], metric: str = "score", reference: str = "koi", *,
+            by_scenario: bool = False, higher_is_better: bool | None = None,
+            confidence: float = 0.95, resamples: int = 10_000,
+            seed: int = 0) -> list[Comparison]:
+    """The reference against every other policy, pooled or one row per scenario.
+
+    ``higher_is_better=None`` takes the metric's direction: lower for the names in
+    ``LOWER_IS_BETTER`` (``$/token``, spend, wall time, refused actions), higher otherwise.
+    With ``by_scenario`` the rows come scenario by scenario (first-seen order); scenarios
+    without a reference run are skipped.
+    """
+    recs = list(records)
+    hib = (METRIC_ALIASES.get(metric, metric) not in LOWER_IS_BETTER
+           if higher_is_better is None else higher_is_better)
+    groups = group_by_scenario(recs) if by_scenario else {ALL_SCENARIOS: recs}
+    out: list[Comparison] = []
+    for scenario, group in groups.items():
+        if by_scenario and not any(r["policy"] == reference for r in group):
+            continue
+        for p in paired_differences(group, metric, reference).values():
+            out.append(_comparison(p, scenario, hib, confidence, resamples, seed))
+    return out
+
+
+def group_by_scenario(records: Iterable[Record]) -> dict[str, list[Record]]:
+    """Records split by ``scenario``, in first-seen order."""
+    groups: dict[str, list[Record]] = {}
+    for r in records:
+        groups.setdefault(str(r["scenario"]), []).append(r)
+    return groups
+
+
+# --- rendering ---------------------------------------------------------------------------
+
+def _num(x: float) -> str:
+    return "nan" if math.isnan(x) else f"{x:.4g}"
+
+
+def format_comparisons(comparisons: Sequence[Comparison]) -> str:
+    """A Markdown table, one row per comparison; a scenario column when not pooled."""
+    if not comparisons:
+        return ""
+    c0 = comparisons[0]
+    per_scenario = any(c.scenario != ALL_SCENARIOS for c in comparisons)
+    head = ["policy", "pairs", "mean Δ (ref − policy)", f"{c0.confidence * 100:g} % CI",
+            "win rate", "verdict"]
+    head = ["scenario", *head] if per_scenario else head
+    better = "higher" if c0.higher_is_better else "lower"
+    lines = [f"<!-- {c0.metric}: reference {c0.reference} against each policy over paired "
+             f"(scenario, seed) runs; {better} is better; win rate counts ties as ½ -->",
+             "| " + " | ".join(head) + " |",
+             "|" + "---|" * (1 + per_scenario) + "---:|" * 4 + "---|"]
+    for c in comparisons:
+        win = "nan" if math.isnan(c.win_rate) else f"{c.win_rate * 100:.0f} %"
+        cells = [c.policy, str(c.n), _num(c.mean_diff),
+                 f"[{_num(c.ci_low)}, {_num(c.ci_high)}]", win, c.verdict]
+        cells = [c.scenario, *cells] if per_scenario else cells
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    "ALL_SCENARIOS",
+    "LOWER_IS_BETTER",
+    "METRIC_ALIASES",
+    "VERDICTS",
+    "Comparison",
+    "PairedDiffs",
+    "bootstrap_ci",
+    "compare",
+    "format_comparisons",
+    "group_by_scenario",
+    "metric_value",
+    "paired_differences",
+]
