@@ -1,4 +1,5 @@
-"""The `koi` command line: predict, calibrate, bench, explain, demo, serve, submit, events.
+"""The `koi` command line: predict, calibrate, bench, explain, demo, serve, submit, events,
+scenario.
 
 Thin: parses flags, calls the domain library, prints with rich. Each subcommand's
 logic lives in ``koi.*``; nothing here decides anything.
@@ -22,6 +23,9 @@ bench_app = typer.Typer(help="Benchmarks: policies through scenarios (options be
 app.add_typer(bench_app, name="bench")
 events_app = typer.Typer(help="The operator event log.", no_args_is_help=True)
 app.add_typer(events_app, name="events")
+scenario_app = typer.Typer(help="Scenarios: generate new ones from the catalog.",
+                           no_args_is_help=True)
+app.add_typer(scenario_app, name="scenario")
 console = Console()
 
 Opt = typer.Option
@@ -442,6 +446,34 @@ def events_follow(
     from services.cli import events_follow as follow_events
 
     follow_events(nats_url, job, severity, since, follow, kind, as_json)
+
+
+@scenario_app.command("generate")
+def scenario_generate(
+    seed: Annotated[int, Opt(help="Seed, >= 0; the same seed and size give the same file."
+                                  " Seeds >= 1000 are held out for evaluation.")],
+    size: Annotated[str, Opt(help="small (32-96 GPUs, 3-8 jobs, 1-2 h) | medium (150-400,"
+                                  " 10-25, 2-4 h) | large (400-1200, 25-60, 4-8 h).")
+                    ] = "medium",
+    out: Annotated[Path | None, Opt("--out", "-o", help="File to write (default: stdout).")
+                   ] = None,
+) -> None:
+    """Write a scenario drawn from the catalog (docs/SCENARIOS.md, "Generated scenarios")."""
+    from koi.scenario.generate import SIZES, generate_scenario, scenario_yaml
+
+    if seed < 0:
+        raise typer.BadParameter(f"--seed must be >= 0 (got {seed})")
+    if size not in SIZES:
+        raise typer.BadParameter(f"--size must be one of {', '.join(SIZES)} (got {size!r})")
+    text = scenario_yaml(generate_scenario(seed, size))
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise typer.BadParameter(f"cannot write {out}: {e.strerror}") from None
+    typer.echo(f"wrote {out} (gen-{size}-{seed})", err=True)
 
 
 if __name__ == "__main__":

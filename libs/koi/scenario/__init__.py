@@ -3,7 +3,8 @@
 ``load_scenario("hetero-3h")`` reads a shipped scenario (``scenario/data/*.yaml``) or any
 YAML file in the format of ``docs/SCENARIOS.md`` into a frozen ``Scenario``;
 ``parse_scenario``/``scenario_to_dict`` convert the dict form both ways. Errors are
-``InvalidSpecError`` naming file, line and field. Data and validation only: no
+``InvalidSpecError`` naming file, line and field. ``generate_scenario(seed, size)`` draws
+a new scenario from the catalog (``scenario/generate.py``). Data and validation only: no
 simulation, no transport imports.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from koi.scenario.durations import format_duration, parse_duration
 from koi.scenario.fleet import gpus_by
+from koi.scenario.generate import generate_scenario, write_generated
 from koi.scenario.loader import (
     SCENARIO_DIR,
     list_scenarios,
@@ -27,6 +29,7 @@ __all__ = [
     "FleetEntry",
     "Scenario",
     "format_duration",
+    "generate_scenario",
     "gpus_by",
     "list_scenarios",
     "load_scenario",
@@ -34,4 +37,5 @@ __all__ = [
     "parse_scenario",
     "scenario_path",
     "scenario_to_dict",
+    "write_generated",
 ]
