@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -23,8 +22,14 @@ from koi.catalog import Catalog, load_catalog
 from koi.cli.main import app
 from koi.jobs import OnlineJob
 from koi.jobs.bounds import MAX_RATE_RPS, check_id
-from koi.scenario import Scenario, load_scenario, parse_duration, parse_scenario
-from koi.scenario.generate import SIZES, generate_scenario, scenario_yaml, write_generated
+from koi.scenario import Scenario, load_scenario, parse_scenario
+from koi.scenario.generate import (
+    SIZES,
+    first_ticks,
+    generate_scenario,
+    scenario_yaml,
+    write_generated,
+)
 
 CUT_TICKS = 10
 
@@ -157,19 +162,8 @@ def test_any_seed_loads(seed: int, size: str) -> None:
     _check_bounds(s)
 
 
-def _cut(data: dict[str, Any], ticks: int) -> dict[str, Any]:
-    """The scenario's first ``ticks`` ticks: later jobs, ends and events dropped."""
-    horizon = ticks * 60
-    jobs = [dict(j) for j in data["jobs"] if parse_duration(j.get("submit", 0)) < horizon]
-    for j in jobs:
-        if "end" in j and parse_duration(j["end"]) >= horizon:
-            del j["end"]
-    events = [e for e in data["capacity_events"] if e["at"] < horizon]
-    return {**data, "horizon": horizon, "jobs": jobs, "capacity_events": events}
-
-
 def test_a_short_simulation_runs(catalog: Catalog) -> None:
-    scn = parse_scenario(_cut(generate_scenario(1, "small", catalog), CUT_TICKS),
+    scn = parse_scenario(first_ticks(generate_scenario(1, "small", catalog), CUT_TICKS),
                          catalog=catalog)
     res = run_once(scn, "fcfs-first-fit", seed=1, catalog=catalog)
     assert res.policy_failures == ()

@@ -34,7 +34,7 @@ import yaml
 from koi.catalog import Catalog, Market, Model, Offering, load_catalog
 from koi.jobs import Trace, load_trace, resolve_trace_path, solve_lognormal
 from koi.jobs.bounds import MAX_RATE_RPS, MAX_TIME_SCALE, MIN_TIME_SCALE, MIN_TPOT_MS
-from koi.scenario.durations import format_duration
+from koi.scenario.durations import format_duration, parse_duration
 
 TICK_S = 60
 # Share of bf16 peak that serving under SLOs turns into useful FLOPs. Chosen so that the
@@ -149,6 +149,18 @@ def write_generated(seed: int, size: str, path: str | Path,
     p = Path(path)
     p.write_text(scenario_yaml(generate_scenario(seed, size, catalog)), encoding="utf-8")
     return p
+
+
+def first_ticks(data: dict[str, Any], ticks: int) -> dict[str, Any]:
+    """A generated dict cut to its first ``ticks`` ticks (later jobs, ends and capacity
+    events dropped): a cheap smoke run of a scenario the planner has never seen."""
+    horizon = ticks * TICK_S
+    jobs = [dict(j) for j in data["jobs"] if parse_duration(j.get("submit", 0)) < horizon]
+    for j in jobs:
+        if "end" in j and parse_duration(j["end"]) >= horizon:
+            del j["end"]
+    events = [e for e in data["capacity_events"] if e["at"] < horizon]
+    return {**data, "horizon": horizon, "jobs": jobs, "capacity_events": events}
 
 
 # --- fleet and capacity ----------------------------------------------------------------
