@@ -342,6 +342,52 @@ def bench_tick(
     tick_command(console, scenario, policy, seed, ticks)
 
 
+@bench_app.command("suite")
+def bench_suite(
+    generated: Annotated[str, Opt(help="Generated scenario seeds A-B (inclusive, at most "
+                                       "1000); seeds >= 1000 are held out.")],
+    size: Annotated[str, Opt(help="small | medium | large.")] = "medium",
+    policies: Annotated[str | None, Opt(help="Policies a,b,c; default: every registered "
+                                             "policy.")] = None,
+    workers: Annotated[int, Opt(help="Parallel processes (1: in-process).", min=1, max=16)
+                       ] = 2,
+    out: Annotated[Path, Opt(help="Directory for runs.jsonl, failures.jsonl and suite.md; "
+                                  "runs already there are skipped.")] = Path("out/suite"),
+    sample_fraction: Annotated[float | None, Opt(help="Share of online requests simulated;"
+                                                 " default: the simulator's own.")] = None,
+    ticks: Annotated[int | None, Opt(help="Only each scenario's first N ticks (smoke runs).",
+                                     min=1)] = None,
+) -> None:
+    """Every policy on every generated scenario gen-<size>-<seed>: resumable, in parallel,
+    with each policy's mean score and the paired comparison to koi."""
+    import sys
+
+    from koi.bench.suite import SuiteConfig, parse_range, run_suite
+    from koi.cli.bench_cmd import split_list
+    from koi.policies import policy_names
+    from koi.scenario.generate import SIZES
+
+    try:
+        first, last = parse_range(generated)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--generated") from None
+    if size not in SIZES:
+        raise typer.BadParameter(f"one of {', '.join(SIZES)} (got {size!r})",
+                                 param_hint="--size")
+    known = policy_names()
+    chosen = split_list([policies or ""]) or known
+    unknown = [p for p in chosen if p not in known]
+    if unknown:
+        raise typer.BadParameter(f"unknown {', '.join(map(repr, unknown))}; known: "
+                                 f"{', '.join(known)}", param_hint="--policies")
+    if sample_fraction is not None and not 0.0 < sample_fraction <= 1.0:
+        raise typer.BadParameter(f"must be in (0, 1] (got {sample_fraction})",
+                                 param_hint="--sample-fraction")
+    run_suite(SuiteConfig(first, last, size, tuple(dict.fromkeys(chosen)), workers, out,
+                          sample_fraction, ticks, command=" ".join(["koi", *sys.argv[1:]])),
+              say=lambda line: console.print(line, soft_wrap=True, markup=False))
+
+
 @app.command()
 def explain(
     scenario: Annotated[str, Opt(help="Scenario name or YAML file.")] = "hetero-3h",
