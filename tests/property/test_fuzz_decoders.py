@@ -53,6 +53,7 @@ from koi.v1 import (
     bus_pb2,
     causal_pb2,
     cluster_pb2,
+    common_pb2,
     config_pb2,
     events_pb2,
     jobs_pb2,
@@ -280,6 +281,18 @@ def test_observations_that_decode_can_be_learnt(batch: Message) -> None:
 
 
 # regressions the fuzzing found, as plain examples
+@pytest.mark.parametrize("weight", [math.nan, math.inf, -1.0])
+def test_an_observation_weight_that_is_not_a_count_is_refused(weight: float) -> None:
+    # a NaN weight decoded, was learnt, and left its belief's mean NaN for good
+    batch = bus_pb2.ObservationBatch(tick=3, observations=[bus_pb2.CausalObservation(
+        deployment_id="d-1", job_id="chat", tick=3, weight=weight,
+        scope=common_pb2.Scope(accelerator="h100-sxm", engine="vllm",
+                                  model_size_class="70b", parallelism_bucket="tp4",
+                                  accelerator_family="hopper"))])
+    with pytest.raises(InvalidSpecError, match="weight: must be a finite count"):
+        planning.decode_observations(codec.encode(batch))
+
+
 def test_a_plan_quoting_a_huge_solver_name_gives_a_short_error() -> None:
     plan = plan_pb2.ClusterPlan(solver="x" * 20_000)
     with pytest.raises(InvalidSpecError) as info:

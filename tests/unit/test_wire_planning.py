@@ -357,7 +357,9 @@ def test_telemetry_round_trips_any_floats(data: st.DataObject) -> None:
 @settings(max_examples=50, deadline=None)
 @given(IDS, IDS, st.integers(-2**62, 2**62), SCOPES,
        st.dictionaries(TEXT, FLOATS, max_size=5), st.dictionaries(TEXT, FLOATS, max_size=5),
-       FLOATS, st.dictionaries(TEXT, st.lists(st.floats(allow_nan=False, allow_infinity=False),
+       # a weight is a request count: finite and >= 0 (anything else is refused, below)
+       st.floats(0.0, 1e12),
+       st.dictionaries(TEXT, st.lists(st.floats(allow_nan=False, allow_infinity=False),
                                              min_size=13, max_size=13).map(tuple), max_size=2))
 def test_observations_round_trip_any_values(dep: str, job: str, tick: int, scope: Scope,
                                             predicted: dict[str, float],

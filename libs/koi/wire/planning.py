@@ -267,6 +267,14 @@ def _curves(msg: bus_pb2.CausalObservation, path: str) -> dict[str, tuple[float,
     return out
 
 
+def _weight(msg: bus_pb2.CausalObservation, path: str) -> float:
+    """The requests behind an observation: finite and >= 0, or one NaN learnt would
+    poison its belief's mean for good (found by fuzzing)."""
+    if not (math.isfinite(msg.weight) and msg.weight >= 0.0):
+        raise InvalidSpecError(f"{path}weight", f"must be a finite count >= 0 (got {msg.weight})")
+    return msg.weight
+
+
 def observation_from_proto(msg: bus_pb2.CausalObservation, path: str = ""
                            ) -> OutcomeObservation:
     return OutcomeObservation(
@@ -274,7 +282,7 @@ def observation_from_proto(msg: bus_pb2.CausalObservation, path: str = ""
         job_id=msg.job_id, tick=msg.tick,
         scope=scope_from_proto(_message(msg, "scope", path)),
         predicted=_sorted_dict(msg.predicted), observed=_sorted_dict(msg.observed),
-        weight=msg.weight,
+        weight=_weight(msg, path),
         curves=_curves(msg, path))
 
 
