@@ -281,6 +281,12 @@ def _bomb(levels: int = 9) -> str:
     ("a: &a [*a]\njobs: *a\n", "refers to itself"),
     (bytes(range(256)) * 4, "not UTF-8 text"),
     ("jobs:\n" + "  - {id: x, kind: batch}\n" * 60_000, "larger than 1048576 bytes"),
+    # found by a longer fuzz hunt: a list where a kind belongs raised TypeError (unhashable)
+    ("kind: online\nid: a\nmodel: llama-3.1-8b\narrival: {kind: [1]}\n"
+     "slo: {ttft_ms: 500, tpot_ms: 50}\n", "arrival.kind: must be one of rate, diurnal"),
+    ("kind: online\nid: a\nmodel: llama-3.1-8b\narrival: {rate_rps: 1}\n"
+     "input_len: {kind: [null]}\nslo: {ttft_ms: 500, tpot_ms: 50}\n",
+     "input_len.kind: [None] is not one of fixed"),
 ])
 def test_hostile_job_files_are_refused_with_one_line(tmp_path: Path, content: str | bytes,
                                                      reason: str) -> None:

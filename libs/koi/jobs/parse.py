@@ -241,6 +241,8 @@ def _default_catalog() -> Any:
 def parse_arrival(ctx: Ctx, data: Any) -> Arrival:
     mapping(ctx, data)
     kind = data.get("kind") or _infer_arrival_kind(data)
+    if not isinstance(kind, str | None):  # a list or mapping is unhashable: say so
+        raise ctx.error("kind", f"must be one of {', '.join(ARRIVAL_KEYS)} (got {_show(kind)})")
     if kind not in ARRIVAL_KEYS:
         if kind is None:
             raise ctx.error("kind", "cannot tell the arrival kind; set kind: rate (rate_rps),"
@@ -294,7 +296,7 @@ def parse_length(ctx: Ctx, data: Any, arrival: Arrival | None, column: str) -> L
         raise ctx.error("", f"must be an integer (fixed length), 'trace', or a mapping with"
                             f" kind fixed|lognormal|empirical (got {_show(data)})")
     kind = data.get("kind") or _infer_length_kind(data)
-    if kind not in LENGTH_KEYS:
+    if not isinstance(kind, str) or kind not in LENGTH_KEYS:
         raise ctx.error("kind", f"{kind!r} is not one of {', '.join(LENGTH_KEYS)}")
     check_keys(ctx, data, LENGTH_KEYS[kind])
     if kind == "empirical":
