@@ -22,7 +22,7 @@ from koi.errors import (
     MAX_REASON_CHARS,
     InvalidConfigError,
     InvalidSpecError,
-    bounded_spec_error,
+    bounded,
 )
 from koi.jobs import JobSpec
 from koi.predictor.types import Prediction, Workload
@@ -43,18 +43,13 @@ M = TypeVar("M", bound=Message)
 # never the bulk of a hostile input (a 20,000-character id quoted back): koi.errors' caps
 
 
-def spec_error(field: str, reason: str, source: str = "") -> InvalidSpecError:
-    """An ``InvalidSpecError`` whose message is one line of bounded length."""
-    return bounded_spec_error(field, reason, source)
-
-
 @contextmanager
 def bounded_errors() -> Iterator[None]:
     """Re-raise a decode error (spec or config) with its text made one bounded line."""
     try:
         yield
     except InvalidSpecError as e:
-        raise spec_error(e.field, e.reason, e.source) from None
+        raise bounded(e) from None
     except InvalidConfigError as e:
         raise InvalidConfigError(printable(e.knob, MAX_FIELD_CHARS),
                                  printable(e.reason, MAX_REASON_CHARS)) from None

@@ -16,7 +16,7 @@ scopes, the causal state's blobs), an unknown enum value or an invalid embedded 
 job: ``field`` is the proto path (``deployments[2].config.tp``; the message's full name
 when the bytes do not parse) and ``source`` the message's full name, so a service can
 dead-letter the message with the reason; the text is one line of bounded length
-(``koi.wire.codec.spec_error``), whatever the input held. Protobuf parses leniently,
+(``koi.errors.bounded_spec_error``), whatever the input held. Protobuf parses leniently,
 so bytes of another message type are not always caught. No transport (NATS, gRPC)
 code and no policy here.
 """
@@ -50,7 +50,7 @@ from koi.cluster import (
 )
 from koi.compose import ComposePlan
 from koi.compose.types import Decision, JobChoice, SolverName
-from koi.errors import InvalidConfigError, InvalidSpecError, KoiError
+from koi.errors import InvalidConfigError, InvalidSpecError, KoiError, bounded_spec_error
 from koi.planner.explain import Explanation
 from koi.planner.place import Target
 from koi.planner.propose import Proposal
@@ -60,7 +60,7 @@ from koi.safe_text import printable
 from koi.space import DeploymentConfig
 from koi.v1 import bus_pb2, causal_pb2, cluster_pb2, common_pb2, events_pb2, plan_pb2
 from koi.wire._enums import EnumCodec
-from koi.wire.codec import decode, encode, spec_error
+from koi.wire.codec import decode, encode
 from koi.wire.config import config_from_proto, config_to_proto
 from koi.wire.jobs import job_from_proto, job_to_proto
 
@@ -110,12 +110,12 @@ def _decoded(data: bytes, message_type: type[M], build: Callable[[M], T]) -> T:
     try:
         return build(decode(data, message_type))
     except InvalidSpecError as e:
-        raise spec_error(e.field, e.reason, source=name) from None
+        raise bounded_spec_error(e.field, e.reason, source=name) from None
     except InvalidConfigError as e:
-        raise spec_error(e.knob, e.reason, source=name) from None
+        raise bounded_spec_error(e.knob, e.reason, source=name) from None
     except (KoiError, ValueError, TypeError, LookupError, AttributeError, zlib.error) as e:
         # e.g. a blob in CausalState that is not the store's zlib'd JSON
-        raise spec_error(name, f"cannot decode: {e!r}", source=name) from None
+        raise bounded_spec_error(name, f"cannot decode: {e!r}", source=name) from None
 
 
 def _required(value: T, path: str) -> T:
