@@ -135,3 +135,21 @@ def test_a_batch_job_holding_a_full_offering_can_change_its_parallelism_there() 
     otable, _ = scored_candidates(oev, online_snap, CAT, 1.0, reshard_batch=True)
     otp1 = [i for i, c in enumerate(otable.configs) if c.tp == 1]
     assert otp1 and not otable.in_place[otp1].any()
+
+
+def test_measured_rates_replace_the_predicted_ones_and_unmeasured_rows_are_left_out() -> None:
+    """The true oracle's hook: each measured (row, offering) carries the measured rate
+    and goodput (0 req/s: infeasible); a pair it did not measure is not offered."""
+    job = online("a")
+    snap, dep = running_snapshot(job)
+    props = propose("a", "llama-3.1-8b", ["h100-sxm", "l4"], CAT, current=dep.config,
+                    limits=ProposerLimits(max_per_job=10))
+    ev = evaluate(props, job_loads([job], snap, 1.0), catalog=CAT, backend="numpy")
+    h100 = next(i for i, p in enumerate(ev.proposals) if p.config.accelerator == "h100-sxm")
+    l4 = next(i for i, p in enumerate(ev.proposals) if p.config.accelerator == "l4")
+    table, _ = scored_candidates(ev, snap, CAT, 1.0,
+                                 measured={(h100, H100): (3.0, 300.0), (l4, L4): (0.0, 0.0)})
+    assert list(table.candidate_id) == [f"{h100}@{H100}", f"{l4}@{L4}"]
+    assert list(table.max_rate_rps) == [3.0, 0.0]
+    assert list(table.goodput_tok_s) == [300.0, 0.0]
+    assert list(table.feasible_slo) == [True, False]

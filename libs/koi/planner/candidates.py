@@ -31,6 +31,11 @@ RECLAIM_LOSS_H = 0.15
 MAX_REPLICAS = 64
 VALUE_PER_TOK = 1e-4  # objective units ($) per served token at priority 5
 
+# (evaluated row, offering id) → (req/s, output tok/s) one replica was measured to serve
+# there (online: within the job's SLO; batch: saturated); pairs left out are not offered
+Measured = Mapping[tuple[int, str], tuple[float, float]]
+Measure = Callable[[Evaluated, ClusterSnapshot], Measured]
+
 
 def job_loads(jobs: Sequence[JobStatus], snapshot: ClusterSnapshot,
               headroom: float) -> dict[str, JobLoad]:
@@ -65,13 +70,15 @@ def _running(deployments: list, reshard: bool) -> tuple[list, int, Callable]:
 
 
 def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog,
-                      churn_hours: float, *, reshard_batch: bool = False
+                      churn_hours: float, *, reshard_batch: bool = False,
+                      measured: Measured | None = None
                       ) -> tuple[CandidateTable, dict[str, int]]:
     """(candidates × offerings table, free GPUs per offering).
 
     The GPUs a job holds are its demand's ``held_gpus``, not free ones; a row that keeps
     them (its running deployment, a relaunch in place; with ``reshard_batch`` a batch
-    job's re-shard there) is ``in_place``.
+    job's re-shard there) is ``in_place``. With ``measured`` (the true oracle's), each
+    row's rate on each offering is the measured one, and unmeasured pairs are left out.
     """
     offers_by_accel: dict[str, list] = defaultdict(list)
     for cap in snapshot.capacity:
@@ -108,6 +115,11 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
                       (p.config, off.id) in current)
                      for off in offers_by_accel.get(p.config.accelerator, [])]
         for off, config, keeps_gpus, is_current in where:
+            if measured is not None:
+                if (i, off.id) not in measured:
+                    continue
+                rate, goodput = measured[(i, off.id)]
+                feasible = rate > 0
             usd = off.usd_per_gpu_hour * p.config.gpus_per_replica
             rows["in_place"].append(keeps_gpus)
             rows["job_id"].append(p.job_id)

@@ -46,7 +46,7 @@ from koi.cluster import (
     PlanDecision,
 )
 from koi.compose import ComposeInput, ComposePlan, ComposeWeights, compose
-from koi.planner.candidates import job_demands, job_loads, scored_candidates
+from koi.planner.candidates import Measure, job_demands, job_loads, scored_candidates
 from koi.planner.evaluate import Evaluated, Kernel, RiskLevel, Robustness, evaluate
 from koi.planner.explain import Explanation, explain_choices
 from koi.planner.place import Target, place
@@ -107,8 +107,11 @@ class KoiSettings:
     # 63.6 against 70.1 at 1.0 on hetero-12h seed 1 (BENCHMARKS (m)), so it is off
     batch_pace: float = 1.0
     backend: str = "numba"
-    # the predictor's efficiency table; None = the fitted one (the oracle passes the world's)
+    # the predictor's efficiency table; None = the fitted one (oracle-fit passes the world's)
     calibration: Calibration | None = None
+    # per-replica rates measured in the world, replacing the predicted ones in the
+    # composer's table (``candidates.Measure``): only the true oracle has one
+    measure: Measure | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.dro_outcomes) - set(ROBUST_OUTCOMES))
@@ -281,8 +284,10 @@ def compose_stage(ev: Evaluated, snapshot: ClusterSnapshot, settings: KoiSetting
                   catalog: Catalog) -> ComposePlan:
     active = active_jobs(snapshot)
     loads = job_loads(active, snapshot, settings.rate_headroom)
+    measured = settings.measure(ev, snapshot) if settings.measure else None
     table, capacity = scored_candidates(ev, snapshot, catalog, settings.churn_hours,
-                                        reshard_batch=settings.reshard_batch)
+                                        reshard_batch=settings.reshard_batch,
+                                        measured=measured)
     demands = job_demands(active, loads, snapshot, ev, batch_pace=settings.batch_pace)
     return compose(ComposeInput(jobs=demands, candidates=table, capacity=capacity,
                                 weights=settings.weights, top_k=settings.top_k,

@@ -1,33 +1,47 @@
-"""``oracle``: Koi's composer and placer planning with the simulator's true parameters.
+"""The oracles: Koi's composer and placer planning with what the world really does.
 
-The reference every policy is measured against. Instead of a factor table fitted to
-public measurements, its predictor's table is fitted to the run's *hidden world*
-(``koi.sim.world``, including the seed's random draw): every public measurement row and
-every operating point of the scenario (each job's model and mean request shape, on each
-accelerator of the fleet, each engine, bf16 and fp8, saturated and at half load) is
-re-measured by the simulator's own replica model with the noise off, and the table is
-fitted to those numbers, starting from the world's parameters mapped onto the table
-(``world_calibration``). That is the best the predictor's functional form can do
-with perfect offline profiling of this world. What the world draws at random per replica
-or per step (noise, stragglers, throttling, the KV-thrash cliff) stays unknown, as it
-would to any planner; a slow region's multiplier has no factor in the table to go to;
-and the predictor's queueing model is still an approximation of the simulator's
-request-level batching, so the oracle keeps Koi's beliefs and DRO radius on top. It is
-an upper reference, not a proof of optimality: a planner that learns online can still
-beat it where the predictor's form is wrong (docs/NOTES.md).
+``oracle`` (the true oracle, the reference every policy is measured against): its
+predictor is the simulator itself. Each candidate is run as one replica of the hidden
+world (``koi.sim.truth.WorldTruth``: the fleet's own engine model, step-time physics,
+KV cliff, engine drift, region multiplier, client latency, the job's length
+distribution, the step-noise distribution and a replica's expected straggler and
+throttling slowdown), and the composer's table holds those measured per-replica rates
+on every offering instead of predictions. What it cannot know is what no planner can:
+each step's noise, which replica straggles, and future events (arrivals beyond the
+observed rate, spot reclaims, stock-outs). It learns nothing and needs no DRO radius:
+its p95s are measured with the noise distribution in them.
 
-This policy reads the world file by design; it is the only planner that may.
+To keep a run affordable it measures a job's saturated throughput for every candidate
+(one replica run each) and the SLO-bound rate (a bisection) for the ``TOP_K`` best by
+saturated tokens per dollar, plus the configurations already running; the composer
+chooses among measured candidates only. Every answer is cached for the run.
+
+``oracle-fit`` (the earlier reference, kept for comparison): Koi itself, beliefs and DRO
+included, on a factor table *fitted to the run's hidden world*: every public
+measurement row and every operating point of the scenario (each job's model and mean
+request shape, on each accelerator of the fleet, each engine, bf16 and fp8, saturated
+and at half load) re-measured by the simulator's replica model with the noise off, and
+the table fitted to those numbers, starting from the world's parameters mapped onto the
+table (``world_calibration``). It is the best the predictor's functional form can do
+with perfect offline profiling; it scored below Koi on some fleets, so it is not an
+upper bound (docs/NOTES.md).
+
+These policies read the world file by design; they are the only planners that may.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import structlog
 
-from koi.catalog import Catalog, load_catalog
+from koi.catalog import Catalog, Offering, load_catalog
+from koi.cluster import ClusterSnapshot, DeploymentState
+from koi.jobs import JobSpec, OnlineJob
+from koi.planner.candidates import Measured
+from koi.planner.evaluate import Evaluated
 from koi.planner.tick import KoiSettings
 from koi.policies.base import register
 from koi.policies.common import PRECISIONS, smallest_fitting_config
@@ -38,6 +52,7 @@ from koi.predictor.measurements import Case, load_cases
 from koi.predictor.types import LoadMode, Workload
 from koi.scenario.types import Scenario
 from koi.sim.calibration import Row, load_rows, simulate_row
+from koi.sim.truth import WorldTruth
 from koi.sim.world import WorldParams, load_world
 from koi.space import DeploymentConfig
 
@@ -143,8 +158,8 @@ def fitted_world_calibration(world: WorldParams, scenario: Scenario,
                        meta={**fitted.meta, "world_cases": len(cases)})
 
 
-@register("oracle")
-class Oracle(_KoiBase):
+@register("oracle-fit")
+class OracleFit(_KoiBase):
     settings = KoiSettings()
 
     def prepare(self, scenario: Scenario, seed: int) -> None:
@@ -156,3 +171,76 @@ class Oracle(_KoiBase):
         log.info("oracle_world_fitted", scenario=scenario.name, seed=seed,
                  cases=calibration.meta["world_cases"],
                  seconds=round(time.perf_counter() - started, 1))
+
+
+TOP_K = 12   # online candidates per job whose SLO-bound rate is measured (bisection)
+
+
+@dataclass
+class TruthMeasure:
+    """``KoiSettings.measure`` of the true oracle: each evaluated row's per-replica rate
+    on every offering of its accelerator, measured in the world (module docstring)."""
+
+    truth: WorldTruth
+    catalog: Catalog
+    top_k: int = TOP_K
+
+    def __call__(self, ev: Evaluated, snapshot: ClusterSnapshot) -> Measured:
+        offers: dict[str, list[Offering]] = {}
+        for cap in snapshot.capacity:
+            if cap.total_gpus > 0:
+                off = self.catalog.offering(cap.offering)
+                offers.setdefault(off.accelerator, []).append(off)
+        jobs = {j.id: j.spec for j in snapshot.jobs}
+        running = {(d.job_id, d.config.with_(offering="", replicas=1))
+                   for d in snapshot.deployments
+                   if d.state in (DeploymentState.RUNNING, DeploymentState.STARTING)}
+        rows: dict[str, list[int]] = {}
+        for i, p in enumerate(ev.proposals):
+            if p.job_id in jobs and offers.get(p.config.accelerator):
+                rows.setdefault(p.job_id, []).append(i)
+        out: dict[tuple[int, str], tuple[float, float]] = {}
+        for job_id, idx in rows.items():
+            job = jobs[job_id]
+            out_len = max(job.output_len.mean_value(), 1.0)
+            chosen = self._chosen(job, idx, ev, offers, running)
+            for i in chosen:
+                cfg = ev.proposals[i].config
+                for off in offers[cfg.accelerator]:
+                    rate = (self.truth.max_rate_rps(cfg, job, off) if isinstance(job, OnlineJob)
+                            else self.truth.saturated_tok_s(cfg, job, off) / out_len)
+                    out[(i, off.id)] = (rate, rate * out_len)
+        return out
+
+    def _chosen(self, job: JobSpec, idx: list[int], ev: Evaluated,
+                offers: dict[str, list[Offering]], running: set) -> list[int]:
+        """The rows whose rate is measured: every batch row; online, the ``top_k`` by
+        saturated output tok/s per dollar on the cheapest offering, and any running one."""
+        if not isinstance(job, OnlineJob):
+            return idx
+
+        def value(i: int) -> float:
+            cfg = ev.proposals[i].config
+            off = min(offers[cfg.accelerator], key=lambda o: o.usd_per_gpu_hour)
+            usd = off.usd_per_gpu_hour * cfg.gpus_per_replica
+            return self.truth.saturated_tok_s(cfg, job, off) / max(usd, 1e-9)
+
+        best = sorted(idx, key=lambda i: -value(i))[:self.top_k]
+        keep = {ev.proposals[i].config for i in best}
+        keep |= {c for j, c in running if j == job.id}
+        return [i for i in idx if ev.proposals[i].config in keep]
+
+
+@register("oracle")
+class Oracle(_KoiBase):
+    """The true oracle (module docstring): measured rates, no learning, no radius."""
+
+    settings = replace(KoiSettings(), use_beliefs=False, learn=False, use_dro=False,
+                       risk_coverages=())
+
+    def prepare(self, scenario: Scenario, seed: int) -> None:
+        """The run's true world, exactly as the simulator will build it."""
+        world = load_world(scenario.world, seed, scenario.randomize_world)
+        self.settings = replace(self.settings,
+                                measure=TruthMeasure(WorldTruth(world, self.catalog),
+                                                     self.catalog))

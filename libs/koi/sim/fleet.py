@@ -154,14 +154,8 @@ class Fleet:
             slow *= w.straggler_slowdown
         if rng.random() < w.throttle_share.get(cfg.accelerator, 0.0):
             slow *= w.throttle_slowdown
-        model = self.cat.model(cfg.model)
-        engine = self.cat.engine(cfg.engine)
-        cap = kv_capacity_tokens(model, self.cat.accelerator(cfg.accelerator), cfg, engine)
-        hit = getattr(dep.job, "prefix_share", 0.0) if cfg.prefix_caching else 0.0
-        return ReplicaSpec(dep.coef, cap, cfg.max_num_seqs, cfg.max_batched_tokens,
-                           cfg.chunked_prefill, hit, slow, w.kv_cliff_usage,
-                           w.kv_cliff_factor, w.noise_sigma, engine.reserves_full_kv,
-                           w.ttft_overhead_ms / 1e3)
+        return replica_spec(cfg, self.cat, w, coef=dep.coef, slow=slow,
+                            prefix_share=getattr(dep.job, "prefix_share", 0.0))
 
     def remove_slot(self, dep: Dep, slot: Slot, now: float, reason: str) -> None:
         """Free a replica's GPUs now; its requests go back to the simulator."""
@@ -296,3 +290,19 @@ class Fleet:
         for off, used in self.used.items():
             assert held.get(off, 0) == used, f"{off}: books say {used}, replicas hold {held}"
             assert used <= self.total.get(off, 0), f"{off}: {used} > {self.total.get(off, 0)}"
+
+
+def replica_spec(cfg: DeploymentConfig, catalog: Catalog, world: WorldParams, *,
+                 coef: StepCoef | None = None, offering: Offering | None = None,
+                 slow: float = 1.0, prefix_share: float = 0.0) -> ReplicaSpec:
+    """One replica's engine limits and world effects: its step coefficients (``coef``, or
+    folded here for ``offering``), KV capacity, the engine's batching limits, the job's
+    prefix-cache hits, the KV cliff, the noise and a straggler/throttle ``slow``down."""
+    engine = catalog.engine(cfg.engine)
+    cap = kv_capacity_tokens(catalog.model(cfg.model), catalog.accelerator(cfg.accelerator),
+                             cfg, engine)
+    hit = prefix_share if cfg.prefix_caching else 0.0
+    return ReplicaSpec(coef or step_coef(cfg, catalog, world, offering), cap, cfg.max_num_seqs,
+                       cfg.max_batched_tokens, cfg.chunked_prefill, hit, slow,
+                       world.kv_cliff_usage, world.kv_cliff_factor, world.noise_sigma,
+                       engine.reserves_full_kv, world.ttft_overhead_ms / 1e3)
