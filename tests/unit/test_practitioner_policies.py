@@ -1,4 +1,7 @@
-"""The practitioner policies: registry, short simulated runs, and unit checks of each core."""
+"""The practitioner policies: registry, short simulated runs, and unit checks of each core.
+
+The runs and core checks use the predictor-profiled variants (``<name>-unprofiled``): they
+need no profile of a world; the profiled ones are tested in test_profiled_policies.py."""
 
 from __future__ import annotations
 
@@ -29,7 +32,8 @@ from koi.scenario import load_scenario
 from koi.sim import Simulator
 
 CAT = load_catalog()
-NAMES = ("bandit", "evolve", "melange-ilp", "regress-autoscale")
+NAMES = ("bandit-unprofiled", "evolve-unprofiled", "melange-ilp-unprofiled",
+         "regress-autoscale-unprofiled")
 H100_OD = "aws/us-east-1/h100-sxm/on_demand"
 H100_SPOT = "aws/us-east-1/h100-sxm/spot"
 L4_OD = "aws/us-east-1/l4/on_demand"
@@ -131,7 +135,7 @@ def test_linucb_learns_the_better_arm() -> None:
 def test_bandit_first_placement_is_valid_and_within_capacity() -> None:
     jobs = [online(f"s{i}", rate=6.0) for i in range(4)] + [batch("b")]
     cap = [(H100_OD, 8, 2), (L4_OD, 4, 0)]
-    d = make_policy("bandit", catalog=CAT).decide(snap(jobs, cap), ())
+    d = make_policy("bandit-unprofiled", catalog=CAT).decide(snap(jobs, cap), ())
     used = gpus_claimed(d)
     assert used and all(used[o] <= t - u for o, t, u in cap)
 
@@ -187,20 +191,20 @@ def _autoscale_case(ttft_p95: float, tpot_p95: float, free: int = 8):
 
 def test_autoscale_scales_up_when_p95_exceeds_the_slo() -> None:
     s, tel = _autoscale_case(ttft_p95=3.0, tpot_p95=0.05)
-    d = make_policy("regress-autoscale", catalog=CAT).decide(s, tel)
+    d = make_policy("regress-autoscale-unprofiled", catalog=CAT).decide(s, tel)
     (scale,) = [a for a in d.actions if a.kind == ActionKind.SCALE]
     assert scale.deployment_id == "svc-d1" and scale.replicas >= 6 and scale.reason
 
 
 def test_autoscale_scale_up_is_bounded_by_free_gpus() -> None:
     s, tel = _autoscale_case(ttft_p95=3.0, tpot_p95=0.05, free=1)
-    d = make_policy("regress-autoscale", catalog=CAT).decide(s, tel)
+    d = make_policy("regress-autoscale-unprofiled", catalog=CAT).decide(s, tel)
     (scale,) = [a for a in d.actions if a.kind == ActionKind.SCALE]
     assert scale.replicas == 3
 
 
 def test_autoscale_scales_down_only_slowly() -> None:
-    policy = make_policy("regress-autoscale", catalog=CAT)
+    policy = make_policy("regress-autoscale-unprofiled", catalog=CAT)
     kinds = []
     for _ in range(4):
         s, tel = _autoscale_case(ttft_p95=0.05, tpot_p95=0.005)
@@ -215,7 +219,7 @@ def test_autoscale_scales_down_only_slowly() -> None:
 def test_evolve_respects_capacity() -> None:
     jobs = [online(f"s{i}", rate=20.0) for i in range(6)] + [batch("b", n=200000)]
     cap = [(H100_OD, 6, 1), (H100_SPOT, 4, 0), (L4_OD, 4, 0)]
-    policy = make_policy("evolve", catalog=CAT, seed=1)
+    policy = make_policy("evolve-unprofiled", catalog=CAT, seed=1)
     s = snap(jobs, cap)
     d = policy.decide(s, ())
     used = gpus_claimed(d)

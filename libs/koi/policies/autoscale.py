@@ -1,7 +1,7 @@
 """``regress-autoscale``: best-fixed placement plus a latency-regression autoscaler.
 
-What Dynamo's and llm-d's planners do: place each job once with the predictor's
-best-value config (exactly ``best-fixed``'s rule), then every tick fit, per deployment,
+What Dynamo's and llm-d's planners do: place each job once with the best-value config
+(exactly ``best-fixed``'s rule), then every tick fit, per deployment,
 p95 TTFT and p95 TPOT against per-replica load (req/s per ready replica) by recursive
 least squares with forgetting (features 1, ρ, ρ²), and pick the smallest replica count
 whose predicted p95 at the job's current rate meets the SLO with a ``MARGIN`` margin.
@@ -12,6 +12,11 @@ fit predicts ≤ ``DOWN_MARGIN`` × SLO at the lower count. Until a fit has
 replicas × observed p95 ÷ (margin × SLO). Never changes accelerator, parallelism or
 offering; batch deployments keep best-fixed's sizing.
 
+``regress-autoscale`` chooses the config from a profile measured in the run's world,
+among every engine's defaults, and scales to at most Koi's replica cap
+(``koi.policies.profiled``); ``regress-autoscale-unprofiled`` chooses it with the
+predictor among vLLM defaults and caps at ``MAX_REPLICAS``.
+
 Pure decision code: state on the policy, no clocks, no randomness, no I/O.
 """
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -38,6 +44,9 @@ from koi.policies.base import register
 from koi.policies.baselines import BestFixed
 from koi.policies.common import CapacityLedger, housekeeping_stops, needs_placement
 from koi.policies.practitioner_common import online_demand_rps, slo_of
+from koi.policies.profiled import MeasuredRates, Profiled, Unprepared
+from koi.scenario.types import Scenario
+from koi.sim.profile import Profiler
 
 MARGIN = 0.9            # target p95 ≤ MARGIN × SLO
 DOWN_MARGIN = 0.7       # scale down only if the fit says ≤ this × SLO at one fewer
@@ -100,9 +109,12 @@ def replicas_for_slo(fit: DeploymentFit, rate: float, slo: tuple[float, float],
     return max(1, min(cap, math.ceil(current * ratio - 1e-9))), "proportional"
 
 
-@register("regress-autoscale")
+@register("regress-autoscale-unprofiled")
 class RegressAutoscale(BestFixed):
-    """best-fixed placement + per-deployment latency regression scaling (see module doc)."""
+    """best-fixed placement (the predictor's choice) + per-deployment latency regression
+    scaling (see module doc)."""
+
+    max_replicas: ClassVar[int] = MAX_REPLICAS
 
     def __init__(self, catalog: Catalog | None = None, seed: int = 0) -> None:
         super().__init__(catalog=catalog, seed=seed)
@@ -143,7 +155,8 @@ class RegressAutoscale(BestFixed):
             return None
         slo = slo_of(job)
         current = dep.config.replicas
-        want, how = replicas_for_slo(fit, online_demand_rps(job), slo, current)
+        want, how = replicas_for_slo(fit, online_demand_rps(job), slo, current,
+                                     cap=self.max_replicas)
         if want > current:
             fit.want_down = 0
             want = current + ledger.max_replicas(dep.offering, dep.config.gpus_per_replica,
@@ -169,3 +182,16 @@ class RegressAutoscale(BestFixed):
                       f" {fit.last_p95[1] * 1e3:.0f} ms vs SLO {slo[0] * 1e3:.0f}/"
                       f"{slo[1] * 1e3:.0f} ms ({how}); {current} → {want} replicas",
                       deployment_id=dep.id, replicas=want)
+
+
+@register("regress-autoscale")
+class ProfiledRegressAutoscale(Profiled, RegressAutoscale):
+    """``regress-autoscale`` choosing its config from a profile measured in the run's world
+    (each model's, when it first appears), with Koi's replica cap and every engine."""
+
+    def __init__(self, catalog: Catalog | None = None, seed: int = 0) -> None:
+        super().__init__(catalog=catalog, seed=seed)
+        self.rates = Unprepared(self.name)
+
+    def use_profiler(self, profiler: Profiler, scenario: Scenario) -> None:
+        self.rates = MeasuredRates(profiler)

@@ -1,17 +1,22 @@
 """``bandit``: a contextual bandit (LinUCB) over per-job configuration arms.
 
 What a practitioner builds when they let the fleet learn which config to run: each job's
-arms are a few (accelerator, TP, precision) shapes that fit the fleet (the best
-``ARMS_PER_JOB`` by predicted goodput per dollar); an arm's expected reward is linear in
+arms are a few (accelerator, TP, precision, engine) shapes that fit the fleet (the best
+``ARMS_PER_JOB`` by profiled goodput per dollar); an arm's expected reward is linear in
 the job's context (log rate, log mean input/output length, SLO tightness, log model size,
-and the predictor's normalised value of that arm for that job), one ridge model per arm
-key shared across jobs (disjoint LinUCB, prior mean "trust the predictor"). The reward,
+and the profile's normalised value of that arm for that job), one ridge model per arm
+key shared across jobs (disjoint LinUCB, prior mean "trust the profile"). The reward,
 every tick a deployment runs, is its SLO-meeting output tok/s per dollar-hour (p95 TTFT
-and TPOT against the SLO; misses scaled down) divided by the job's best predicted value.
+and TPOT against the SLO; misses scaled down) divided by the job's best profiled value.
 Every ``SWITCH_EVERY`` ticks a job may SWAP to the arm with the highest UCB if it beats
 the current arm's by ``SWITCH_MARGIN``. Replicas follow the demand with a per-replica
-rate learned online: it starts at the predictor's max rate under the SLO and shrinks when
+rate learned online: it starts at the profile's max rate under the SLO and shrinks when
 observed p95 misses the SLO, grows slowly when it is comfortably met.
+
+``bandit`` profiles the arms in the run's world before planning, over every engine's
+defaults, with Koi's replica cap and migration budget (``koi.policies.profiled``);
+``bandit-unprofiled`` takes the predictor's numbers, vLLM defaults only,
+``MAX_REPLICAS`` and ``MAX_SWAPS_PER_TICK``.
 
 Pure decision code: state on the policy, randomness only from ``numpy.random.Generator``
 seeded by ``self.seed`` (tie-breaking), no clocks, no I/O.
@@ -22,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -35,7 +41,7 @@ from koi.cluster import (
     PlanDecision,
 )
 from koi.policies.base import Policy, register
-from koi.policies.common import CapacityLedger, replicas_for_rate
+from koi.policies.common import CapacityLedger, replicas_for_rate, shape_label
 from koi.policies.practitioner_common import (
     Budget,
     Profile,
@@ -49,12 +55,13 @@ from koi.policies.practitioner_common import (
     shape_key,
     slo_of,
 )
+from koi.policies.profiled import ProfiledBook
 
 ARMS_PER_JOB = 6
 SWITCH_EVERY = 5          # ticks between a job's arm changes
 SWITCH_MARGIN = 0.1       # UCB must beat the current arm's by this much (normalised reward)
 ALPHA = 0.5               # exploration width
-RIDGE = 1.0               # prior precision (λ) on the "trust the predictor" mean
+RIDGE = 1.0               # prior precision (λ) on the "trust the profile" mean
 MAX_SWAPS_PER_TICK = 3
 MAX_REPLICAS = 16
 RATE_SHRINK, RATE_GROW = 0.85, 1.05   # per-replica rate updates on a miss / a comfortable meet
@@ -125,16 +132,21 @@ class JobArms:
     rate_per_replica: dict[int, float]   # profile index → learnt per-replica rate
 
 
-@register("bandit")
+@register("bandit-unprofiled")
 class Bandit(Policy):
-    """LinUCB over (accelerator, TP, precision) arms per job (see module doc)."""
+    """LinUCB over (accelerator, TP, precision) arms per job, the predictor's profiles
+    (see module doc)."""
+
+    engines: ClassVar[tuple[str, ...]] = ("vllm",)
+    max_replicas: ClassVar[int] = MAX_REPLICAS
+    max_swaps: ClassVar[int] = MAX_SWAPS_PER_TICK
 
     def __init__(self, catalog: Catalog | None = None, seed: int = 0) -> None:
         super().__init__(catalog=catalog, seed=seed)
         self.rng = np.random.default_rng(seed)
-        self.book = ProfileBook(self.catalog)
+        self.book = ProfileBook(self.catalog, engines=self.engines)
         theta0 = np.zeros(8)
-        theta0[-1] = 1.0   # prior: reward ≈ the predictor's normalised value of the arm
+        theta0[-1] = 1.0   # prior: reward ≈ the profile's normalised value of the arm
         self.linucb = LinUCB(dim=8, theta0=theta0)
         self.arms: dict[str, JobArms] = {}
         self._contexts: dict[str, np.ndarray] = {}
@@ -149,7 +161,7 @@ class Bandit(Policy):
         return np.concatenate([job_context(job), [size, float(value[i]) / top]])
 
     def reward(self, job: JobStatus, prof: Profile, t: DeploymentTelemetry) -> float:
-        """SLO-meeting output tok/s per $/hour, over the job's best predicted value."""
+        """SLO-meeting output tok/s per $/hour, over the job's best profiled value."""
         usd_h = t.cost_usd / t.window_s * 3600.0 if t.window_s > 0 else 0.0
         if usd_h <= 0:
             return 0.0
@@ -197,7 +209,7 @@ class Bandit(Policy):
         self._track(snapshot, profiles)
         self.learn(snapshot, telemetry, profiles)
         ledger = CapacityLedger(snapshot, self.catalog)
-        budget = Budget(MAX_SWAPS_PER_TICK)
+        budget = Budget(self.max_swaps)
         for job in sorted(jobs, key=lambda j: (-j.spec.priority, j.spec.submit_s)):
             target = self._target(job, profiles[job.id], snapshot)
             if target is None:
@@ -235,13 +247,14 @@ class Bandit(Policy):
                 why = self._maybe_switch(job, prof, arms, snapshot.tick)
         i = arms.indices[arms.current]
         shape = prof.shapes[i]
+        cap = self.max_replicas
         if job.is_online:
             rate = arms.rate_per_replica.get(i, float(prof.rate[i]))
-            replicas = min(MAX_REPLICAS, replicas_for_rate(demand(job, snapshot.time_s), rate))
+            replicas = min(cap, replicas_for_rate(demand(job, snapshot.time_s), rate))
             sizing = f"{demand(job, snapshot.time_s):.3g} req/s at {rate:.3g} per replica"
         else:
             need = demand(job, snapshot.time_s)
-            replicas = min(MAX_REPLICAS, replicas_for_rate(need, float(prof.rate[i])))
+            replicas = min(cap, replicas_for_rate(need, float(prof.rate[i])))
             sizing = f"batch {need:.4g} tok/s to meet the deadline"
         offers = sorted((o for o in self.catalog.offerings.values()
                          if o.accelerator == shape.accelerator
@@ -251,7 +264,7 @@ class Bandit(Policy):
             return None
         mean, ucb = self.linucb.ucb(shape_key(shape), self.arm_context(job, prof, i))
         return Target(shape, offers[0].id, replicas,
-                      f"bandit: {why} {shape.accelerator} tp{shape.tp} {shape.weight_precision}"
+                      f"bandit: {why} {shape_label(shape)}"
                       f" (reward est {mean:.2f}, UCB {ucb:.2f}); {sizing}")
 
     def _maybe_switch(self, job: JobStatus, prof: Profile, arms: JobArms, tick: int) -> str:
@@ -263,3 +276,9 @@ class Bandit(Policy):
             arms.current, arms.last_switch_tick = best, tick
             return f"switches (UCB {best_ucb:.2f} > {cur:.2f} + {SWITCH_MARGIN}) to"
         return "keeps its arm"
+
+
+@register("bandit")
+class ProfiledBandit(ProfiledBook, Bandit):
+    """``bandit`` from a profile measured in the run's world, with Koi's limits and every
+    engine (``koi.policies.profiled``)."""

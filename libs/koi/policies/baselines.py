@@ -25,8 +25,9 @@ Pure decision code: state lives on the policy object, no clocks, no randomness, 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from koi.catalog import Catalog, Offering
 from koi.cluster import (
@@ -45,6 +46,7 @@ from koi.policies.common import (
     job_rate_rps,
     needs_placement,
     replicas_for_rate,
+    shape_label,
     smallest_fitting_config,
     submit_order,
     valid_default_configs,
@@ -210,14 +212,18 @@ class BestFixed(_FirstFitBase):
     fewer), as many as fit up to ``MAX_BATCH_REPLICAS`` for batch. Never another part.
     """
 
+    engines: ClassVar[tuple[str, ...]] = ("vllm",)
+
     def __init__(self, catalog: Catalog | None = None, seed: int = 0) -> None:
         super().__init__(catalog=catalog, seed=seed)
         self.choices: dict[str, FixedChoice | None] = {}
+        self.rates: FixedRates | None = None   # None: the predictor's (``PredictedRates``)
 
     def choice_for(self, model: str, snapshot: ClusterSnapshot) -> FixedChoice | None:
         if self.choices.get(model) is None:  # nothing fitted yet: the fleet may have grown
             jobs = [j for j in snapshot.jobs if j.spec.model == model]
-            self.choices[model] = choose_fixed_config(model, jobs, snapshot, self.catalog)
+            self.choices[model] = choose_fixed_config(model, jobs, snapshot, self.catalog,
+                                                      engines=self.engines, rates=self.rates)
         return self.choices[model]
 
     def place(self, job: JobStatus, ledger: CapacityLedger,
@@ -242,8 +248,8 @@ class BestFixed(_FirstFitBase):
         sizing = (f"{choice.rps_per_replica:.3g} req/s per replica for"
                   f" {job_rate_rps(job):.3g} req/s" if job.is_online
                   else f"batch: as many replicas as fit, up to {MAX_BATCH_REPLICAS}")
-        return (f"best-fixed: {cfg.model} always on {cfg.accelerator} tp{cfg.tp}"
-                f" {cfg.weight_precision} ({choice.basis}: {choice.goodput_per_usd_hour:.4g}"
+        return (f"best-fixed: {cfg.model} always on {shape_label(cfg)}"
+                f" ({choice.basis}: {choice.goodput_per_usd_hour:.4g}"
                 f" tok/s per $/h); cheapest offering with room; × {cfg.replicas} ({sizing})")
 
     def no_capacity_reason(self, job: JobStatus) -> str:
@@ -268,9 +274,38 @@ def _representative_workload(jobs: list[JobStatus]) -> tuple[Workload, float, bo
                     slo_tpot_ms=min(s.slo.tpot_ms for s in online)), rate, True
 
 
+FixedRates = Callable[[list[DeploymentConfig], Workload, bool], list[tuple[float, float, float]]]
+"""best-fixed's numbers per candidate: (saturated output tok/s, saturated req/s, max req/s
+under the workload's SLO, 0 when it has none), given the candidates, the representative
+workload and whether it has an SLO."""
+
+
+@dataclass(frozen=True, slots=True)
+class PredictedRates:
+    """``FixedRates`` from the predictor (two batched ``predict_many`` calls)."""
+
+    catalog: Catalog
+
+    def __call__(self, candidates: list[DeploymentConfig], workload: Workload,
+                 has_slo: bool) -> list[tuple[float, float, float]]:
+        saturated = Workload(workload.input_len, workload.output_len, mode=LoadMode.SATURATED)
+        sat = predict_many([(c, saturated) for c in candidates], catalog=self.catalog,
+                           backend=PREDICTOR_BACKEND, validate=False)
+        slo = (predict_many([(c, workload) for c in candidates], catalog=self.catalog,
+                            backend=PREDICTOR_BACKEND, validate=False) if has_slo else sat)
+        return [(s.output_throughput_tok_s, s.request_rate_rps,
+                 q.max_rate_under_slo_rps if has_slo else 0.0)
+                for s, q in zip(sat, slo, strict=True)]
+
+
 def choose_fixed_config(model: str, jobs: list[JobStatus], snapshot: ClusterSnapshot,
-                        catalog: Catalog) -> FixedChoice | None:
-    """best-fixed's offline search for one model (see ``BestFixed``); None if nothing fits."""
+                        catalog: Catalog, *, engines: Sequence[str] = ("vllm",),
+                        rates: FixedRates | None = None) -> FixedChoice | None:
+    """best-fixed's offline search for one model (see ``BestFixed``); None if nothing fits.
+
+    ``engines`` widens the candidates (vLLM defaults only for best-fixed itself);
+    ``rates`` replaces the predictor's numbers (a profile measured in the world).
+    """
     if not jobs:
         return None
     prices: dict[str, float] = {}
@@ -281,23 +316,18 @@ def choose_fixed_config(model: str, jobs: list[JobStatus], snapshot: ClusterSnap
         off = catalog.offering(cap.offering)
         prices[off.accelerator] = min(prices.get(off.accelerator, math.inf), off.usd_per_gpu_hour)
         largest[off.accelerator] = max(largest.get(off.accelerator, 0), cap.total_gpus)
-    candidates = [cfg for accel in sorted(prices)
-                  for cfg in valid_default_configs(model, accel, catalog)
+    candidates = [cfg for accel in sorted(prices) for engine in engines
+                  for cfg in valid_default_configs(model, accel, catalog, engine=engine)
                   if cfg.gpus_per_replica <= largest[accel]]
     if not candidates:
         return None
     workload, rate, has_slo = _representative_workload(jobs)
-    saturated = Workload(workload.input_len, workload.output_len, mode=LoadMode.SATURATED)
-    sat = predict_many([(c, saturated) for c in candidates], catalog=catalog,
-                       backend=PREDICTOR_BACKEND, validate=False)
-    slo = (predict_many([(c, workload) for c in candidates], catalog=catalog,
-                        backend=PREDICTOR_BACKEND, validate=False) if has_slo else sat)
+    measured = (rates or PredictedRates(catalog))(candidates, workload, has_slo)
     rows = []
-    for i, cfg in enumerate(candidates):
+    for cfg, (tput, sat_rps, max_rps) in zip(candidates, measured, strict=True):
         usd_h = prices[cfg.accelerator] * cfg.gpus_per_replica
-        good = min(rate, slo[i].max_rate_under_slo_rps) * workload.output_len if has_slo else 0.0
-        rows.append((cfg, usd_h, good, sat[i].output_throughput_tok_s, sat[i].request_rate_rps,
-                     slo[i].max_rate_under_slo_rps if has_slo else 0.0))
+        good = min(rate, max_rps) * workload.output_len if has_slo else 0.0
+        rows.append((cfg, usd_h, good, tput, sat_rps, max_rps))
     use_slo = has_slo and any(r[2] > 0 for r in rows)
     basis = "goodput under the SLO per $" if use_slo else "saturated throughput per $"
 

@@ -74,6 +74,13 @@ def valid_default_configs(model: str, accelerator: str, catalog: Catalog, *,
     return out
 
 
+def shape_label(cfg: DeploymentConfig) -> str:
+    """"h100-sxm tp2 fp8" for reasons, with the engine named when it is not vLLM (the
+    default, and the only engine the predictor-profiled baselines consider)."""
+    engine = "" if cfg.engine == "vllm" else f" {cfg.engine}"
+    return f"{cfg.accelerator} tp{cfg.tp} {cfg.weight_precision}{engine}"
+
+
 def cheapest_on_demand(accelerator: str, catalog: Catalog) -> Offering | None:
     """The catalog's cheapest on-demand offering of an accelerator (None if none sells it)."""
     offers = catalog.offerings_for(accelerator_id=accelerator, market=Market.ON_DEMAND)

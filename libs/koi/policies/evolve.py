@@ -1,9 +1,9 @@
 """``evolve``: MAP-Elites evolutionary search over whole-cluster plans (OpenEvolve-style).
 
-A genome is one plan: per job an option — (accelerator, TP, precision) shape among the
-job's ``SHAPES_PER_JOB`` best by predicted value, on one offering of that accelerator —
-and a replica count (0 = not served). Fitness, from the predictor's per-replica profiles
-(``ProfileBook``, one batched ``predict_many`` per new job, then pure numpy):
+A genome is one plan: per job an option — (accelerator, TP, precision, engine) shape
+among the job's ``SHAPES_PER_JOB`` best by profiled value, on one offering of that
+accelerator — and a replica count (0 = not served). Fitness, from per-replica profiles
+(``ProfileBook``, computed once per job, then pure numpy):
 
     Σ_j w_j·served_j ÷ Σ_j w_j  −  λ·cost ÷ reference cost  −  churn·jobs moved
                                   −  penalty·GPUs over capacity
@@ -17,7 +17,12 @@ seeded random job order). The archive is a MAP-Elites grid over two behaviour de
 encoded against the current jobs). Each tick: seed with the current plan, a greedy plan
 and the archive, run ``GENERATIONS`` × ``POPULATION`` children (mutation: new option,
 replicas ±1, replicas sized to demand, drop; plus uniform crossover between elites), then
-apply the best elite's diff with at most ``MAX_SWAPS_PER_TICK`` swaps.
+apply the best elite's diff with at most ``max_swaps`` swaps.
+
+``evolve`` profiles the options in the run's world before planning, over every engine's
+defaults, with Koi's replica cap and migration budget (``koi.policies.profiled``);
+``evolve-unprofiled`` takes the predictor's numbers, vLLM defaults only,
+``MAX_REPLICAS`` and ``MAX_SWAPS_PER_TICK``.
 
 Pure decision code: randomness only from ``numpy.random.Generator(self.seed)``, no clocks,
 no I/O.
@@ -28,13 +33,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from koi.catalog import Catalog, Market
 from koi.cluster import Action, ClusterSnapshot, DeploymentTelemetry, JobStatus, PlanDecision
 from koi.policies.base import Policy, register
-from koi.policies.common import CapacityLedger
+from koi.policies.common import CapacityLedger, shape_label
 from koi.policies.practitioner_common import (
     Budget,
     ProfileBook,
@@ -46,6 +52,7 @@ from koi.policies.practitioner_common import (
     serving_deployments,
     shape_key,
 )
+from koi.policies.profiled import ProfiledBook
 from koi.space import DeploymentConfig
 
 SHAPES_PER_JOB = 6
@@ -77,21 +84,26 @@ class Options:
     spot: np.ndarray         # (G,) bool
     offerings: list[str]
     capacity: np.ndarray     # (O,) total GPUs
+    max_replicas: int        # per job
 
     def need(self, g: np.ndarray, dem: np.ndarray) -> np.ndarray:
         """Replicas that serve each job's demand with option g (at least 1)."""
         r = np.ceil(dem / np.maximum(self.rate[g], 1e-9) - 1e-9)
-        return np.clip(r, 1, MAX_REPLICAS).astype(int)
+        return np.clip(r, 1, self.max_replicas).astype(int)
 
 
-@register("evolve")
+@register("evolve-unprofiled")
 class Evolve(Policy):
-    """MAP-Elites over cluster plans scored by the predictor (see module doc)."""
+    """MAP-Elites over cluster plans scored by the predictor's profiles (see module doc)."""
+
+    engines: ClassVar[tuple[str, ...]] = ("vllm",)
+    max_replicas: ClassVar[int] = MAX_REPLICAS
+    max_swaps: ClassVar[int] = MAX_SWAPS_PER_TICK
 
     def __init__(self, catalog: Catalog | None = None, seed: int = 0) -> None:
         super().__init__(catalog=catalog, seed=seed)
         self.rng = np.random.default_rng(seed)
-        self.book = ProfileBook(self.catalog)
+        self.book = ProfileBook(self.catalog, engines=self.engines)
         # cell → (fitness, {job: (shape key, offering, replicas)})
         self.archive: dict[int, tuple[float, dict[str, tuple[tuple, str, int]]]] = {}
         self.last_best = -math.inf
@@ -125,7 +137,7 @@ class Evolve(Policy):
         return Options(np.array(start, dtype=int), np.array(count, dtype=int), shape, offering,
                        arr[:, 0].astype(int), arr[:, 1], arr[:, 2].astype(int), arr[:, 3],
                        arr[:, 4], arr[:, 5].astype(bool), names,
-                       np.array([cap.get(n, 0) for n in names], dtype=int))
+                       np.array([cap.get(n, 0) for n in names], dtype=int), self.max_replicas)
 
     # --- scoring, repair, descriptors (population-wide numpy) ------------------------
 
@@ -250,7 +262,8 @@ class Evolve(Policy):
                     g[j] = opts.start[j] + self.rng.integers(opts.count[j])
                     r[j] = opts.need(g[j:j + 1], dem[j:j + 1])[0]
                 elif op == 1:
-                    r[j] = max(0, min(MAX_REPLICAS, r[j] + (1 if self.rng.random() < 0.5 else -1)))
+                    r[j] = max(0, min(opts.max_replicas,
+                                      r[j] + (1 if self.rng.random() < 0.5 else -1)))
                 elif op == 2:
                     r[j] = opts.need(g[j:j + 1], dem[j:j + 1])[0]
                 else:
@@ -271,16 +284,21 @@ class Evolve(Policy):
                                 notes={"policy": self.name})
         opts, g, r, f = self.search(jobs, snapshot)
         ledger = CapacityLedger(snapshot, self.catalog)
-        budget = Budget(MAX_SWAPS_PER_TICK)
+        budget = Budget(self.max_swaps)
         for j, job in enumerate(jobs):
             targets = [] if r[j] <= 0 else [Target(
                 opts.shape[g[j]], opts.offering[g[j]], int(r[j]),
                 f"evolve: best plan (fitness {f:.3f}, {len(self.archive)} elites) runs"
-                f" {opts.shape[g[j]].accelerator} tp{opts.shape[g[j]].tp}"
-                f" {opts.shape[g[j]].weight_precision} × {int(r[j])} for"
+                f" {shape_label(opts.shape[g[j]])} × {int(r[j])} for"
                 f" {demand(job, snapshot.time_s):.4g} {'req/s' if job.is_online else 'tok/s'}")]
             actions.extend(reconcile(job, targets, snapshot, ledger, budget, "evolve"))
         self.last_best = f
         return PlanDecision(tick=snapshot.tick, actions=tuple(actions),
                             notes={"policy": self.name, "fitness": f"{f:.4f}",
                                    "elites": str(len(self.archive))})
+
+
+@register("evolve")
+class ProfiledEvolve(ProfiledBook, Evolve):
+    """``evolve`` from a profile measured in the run's world, with Koi's limits and every
+    engine (``koi.policies.profiled``)."""

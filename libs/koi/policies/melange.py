@@ -1,10 +1,14 @@
 """``melange-ilp``: the cost-minimal GPU mix by ILP from offline profiles (Mélange, AIBrix).
 
 Offline profile: for each job and each accelerator in the fleet, the best-value replica
-shape (accelerator, TP, precision) and its per-replica capacity in the job's demand unit
-— max req/s under the job's SLO (online) or saturated output tok/s (batch) — from the
-predictor. The ILP (``scipy.optimize.milp``, HiGHS) chooses integer replicas x[j, o] per
-(job, offering of a profiled accelerator) minimising $/hour subject to
+shape (accelerator, TP, precision, engine) and its per-replica capacity in the job's
+demand unit — max req/s under the job's SLO (online) or saturated output tok/s (batch).
+``melange-ilp`` measures it in the run's world before planning, over every engine's
+defaults, with at most Koi's replica cap per column and its migration budget
+(``koi.policies.profiled``); ``melange-ilp-unprofiled`` takes it from the predictor, vLLM
+defaults only, uncapped, ``MAX_SWAPS_PER_TICK``. The ILP (``scipy.optimize.milp``,
+HiGHS) chooses integer replicas x[j, o] per (job, offering of a profiled accelerator)
+minimising $/hour subject to
 
     Σ_o rate[j, o]·x[j, o] + short[j] ≥ demand[j]      (each job's rate; batch: tok/s to
                                                          finish the rest by its deadline)
@@ -22,8 +26,10 @@ Pure decision code: no clocks, no randomness (the ILP is deterministic), no I/O.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -31,7 +37,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from koi.catalog import Catalog, Offering
 from koi.cluster import Action, ClusterSnapshot, DeploymentTelemetry, JobStatus, PlanDecision
 from koi.policies.base import Policy, register
-from koi.policies.common import CapacityLedger, is_lost
+from koi.policies.common import CapacityLedger, is_lost, shape_label
 from koi.policies.practitioner_common import (
     Budget,
     Profile,
@@ -44,6 +50,7 @@ from koi.policies.practitioner_common import (
     serving_deployments,
     shape_key,
 )
+from koi.policies.profiled import ProfiledBook
 from koi.space import DeploymentConfig
 
 RESOLVE_EVERY = 10             # ticks between re-solves when nothing else changed
@@ -90,8 +97,10 @@ def profile_columns(jobs: Sequence[JobStatus], profiles: dict[str, Profile],
 
 def solve_mix(cols: Sequence[Column], demands: Sequence[float],
               capacity: dict[str, int], current: set[tuple[int, str, tuple]] = frozenset(),
-              time_limit_s: float = ILP_TIME_LIMIT_S) -> tuple[np.ndarray, np.ndarray]:
-    """(replicas per column, shortfall per job) of the cost-minimal mix (see module doc)."""
+              time_limit_s: float = ILP_TIME_LIMIT_S,
+              max_replicas: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(replicas per column, shortfall per job) of the cost-minimal mix (see module doc),
+    at most ``max_replicas`` per column when given."""
     n, m = len(cols), len(demands)
     price = np.array([c.usd_h * (STAY_DISCOUNT if (c.job, c.offering.id, shape_key(c.shape))
                                  in current else 1.0) for c in cols])
@@ -117,8 +126,10 @@ def solve_mix(cols: Sequence[Column], demands: Sequence[float],
         rows.append(r)
         lo.append(0.0)
         hi.append(float(capacity.get(o, 0)))
-    ub = np.array([capacity.get(c.offering.id, 0) // c.shape.gpus_per_replica for c in cols]
-                  + list(dem), dtype=float)
+    fit = [capacity.get(c.offering.id, 0) // c.shape.gpus_per_replica for c in cols]
+    if max_replicas is not None:
+        fit = [min(f, max_replicas) for f in fit]
+    ub = np.array(fit + list(dem), dtype=float)
     integrality = np.concatenate([np.ones(n), np.zeros(m)])
     res = milp(cost, constraints=LinearConstraint(np.array(rows), lo, hi),
                integrality=integrality, bounds=Bounds(np.zeros(n + m), ub),
@@ -130,13 +141,17 @@ def solve_mix(cols: Sequence[Column], demands: Sequence[float],
     return x, np.maximum(res.x[n:], 0.0)
 
 
-@register("melange-ilp")
+@register("melange-ilp-unprofiled")
 class MelangeIlp(Policy):
-    """Cost-minimal GPU mix per job by ILP over offline profiles (see module doc)."""
+    """Cost-minimal GPU mix per job by ILP over the predictor's profiles (see module doc)."""
+
+    engines: ClassVar[tuple[str, ...]] = ("vllm",)
+    max_replicas: ClassVar[int] = sys.maxsize     # no cap: as many as the offering holds
+    max_swaps: ClassVar[int] = MAX_SWAPS_PER_TICK
 
     def __init__(self, catalog: Catalog | None = None, seed: int = 0) -> None:
         super().__init__(catalog=catalog, seed=seed)
-        self.book = ProfileBook(self.catalog)
+        self.book = ProfileBook(self.catalog, engines=self.engines)
         self.plan: dict[str, list[Target]] = {}
         self._solved_tick = -RESOLVE_EVERY
         self._solved_jobs: frozenset[str] = frozenset()
@@ -154,7 +169,7 @@ class MelangeIlp(Policy):
             self.plan = self.solve(jobs, snapshot)
             self._solved_tick, self._solved_jobs = snapshot.tick, ids
         ledger = CapacityLedger(snapshot, self.catalog)
-        budget = Budget(MAX_SWAPS_PER_TICK)
+        budget = Budget(self.max_swaps)
         for job in jobs:
             actions.extend(reconcile(job, self.plan.get(job.id, []), snapshot, ledger, budget,
                                      "melange-ilp"))
@@ -172,7 +187,8 @@ class MelangeIlp(Policy):
         current = {(j, d.offering, shape_key(d.config)) for j, job in enumerate(jobs)
                    for d in serving_deployments(snapshot, job.id)}
         demands = [demand(j, snapshot.time_s) for j in jobs]
-        x, short = solve_mix(cols, demands, capacity, current)
+        x, short = solve_mix(cols, demands, capacity, current,
+                             max_replicas=self.max_replicas)
         plan: dict[str, list[Target]] = {j.id: [] for j in jobs}
         for k, c in enumerate(cols):
             if x[k] <= 0:
@@ -182,7 +198,13 @@ class MelangeIlp(Policy):
             served = 1.0 - short[c.job] / max(demands[c.job], 1e-9)
             plan[job.id].append(Target(
                 c.shape, c.offering.id, int(x[k]),
-                f"melange-ilp: cost-minimal mix, {c.shape.accelerator} tp{c.shape.tp}"
-                f" {c.shape.weight_precision} at {c.rate:.3g} {unit}/replica, "
+                f"melange-ilp: cost-minimal mix, {shape_label(c.shape)}"
+                f" at {c.rate:.3g} {unit}/replica, "
                 f"${c.usd_h:.2f}/h each, serves {served:.0%} of {demands[c.job]:.4g} {unit}"))
         return plan
+
+
+@register("melange-ilp")
+class ProfiledMelangeIlp(ProfiledBook, MelangeIlp):
+    """``melange-ilp`` from a profile measured in the run's world, with Koi's limits and
+    every engine (``koi.policies.profiled``)."""

@@ -1,8 +1,9 @@
 """What the practitioner policies (bandit, evolve, melange-ilp, regress-autoscale) share.
 
-Per-job demand (online req/s, batch tok/s to finish by the deadline), per-job predictor
-"profiles" over candidate replica shapes (one batched ``predict_many`` for all shapes not
-yet profiled, cached on the book), the finished/lost housekeeping stops, and
+Per-job demand (online req/s, batch tok/s to finish by the deadline), per-job "profiles"
+over candidate replica shapes (predicted: one batched ``predict_many`` for all shapes not
+yet profiled; or measured in the world, ``koi.policies.profiled``; cached on the book),
+the finished/lost housekeeping stops, and
 ``reconcile``: turning one job's target deployments into LAUNCH/SCALE/SWAP/DRAIN actions
 against a ``CapacityLedger`` so that no tick over-commits GPUs. No choice of *what* to
 run lives here (that is each policy's business), and nothing reads clocks or randomness.
@@ -11,7 +12,7 @@ run lives here (that is each policy's business), and nothing reads clocks or ran
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +35,7 @@ from koi.policies.common import (
     job_finished,
     job_rate_rps,
     live_deployments,
+    shape_label,
     valid_default_configs,
 )
 from koi.predictor.api import predict_many
@@ -91,9 +93,10 @@ def workload_of(job: JobStatus) -> Workload:
 
 # --- candidate shapes and their profiles ------------------------------------------------
 
-def shape_key(cfg: DeploymentConfig) -> tuple[str, int, str]:
-    """What identifies a replica shape for these policies: (accelerator, tp, precision)."""
-    return (cfg.accelerator, cfg.tp, str(cfg.weight_precision))
+def shape_key(cfg: DeploymentConfig) -> tuple[str, int, str, str]:
+    """What identifies a replica shape for these policies: (accelerator, tp, precision,
+    engine)."""
+    return (cfg.accelerator, cfg.tp, str(cfg.weight_precision), cfg.engine)
 
 
 def fleet_accelerators(snapshot: ClusterSnapshot, catalog: Catalog) -> dict[str, tuple[float, int]]:
@@ -110,7 +113,7 @@ def fleet_accelerators(snapshot: ClusterSnapshot, catalog: Catalog) -> dict[str,
 
 @dataclass(slots=True)
 class Profile:
-    """One job's candidate shapes (replicas 1, no offering) and per-replica predictions.
+    """One job's candidate shapes (replicas 1, no offering) and per-replica numbers.
 
     ``rate`` is in the job's demand unit: max req/s under the SLO (online) or saturated
     output tok/s (batch). ``value`` = rate × output length ÷ $/hour at the cheapest price
@@ -136,41 +139,85 @@ class Profile:
         return [i for i in order if self.rate[i] > 0][:k]
 
 
-@dataclass(slots=True)
-class ProfileBook:
-    """Per-job profiles, computed once (one ``predict_many`` for every new job of a tick)."""
+@dataclass(frozen=True, slots=True)
+class PerShape:
+    """One job's numbers per candidate shape, in ``Profile``'s units."""
+
+    rate: list[float]
+    ttft_p95_s: list[float]
+    tpot_p95_s: list[float]
+
+
+ProfileSource = Callable[[Sequence[tuple[JobStatus, list[DeploymentConfig]]]], list[PerShape]]
+"""Where profiles come from: each (job, candidate shapes) → its ``PerShape``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Predicted:
+    """The predictor's profiles: one batched ``predict_many`` for every job asked at once
+    (max rate under the SLO at the job's declared rate; batch: saturated tok/s)."""
 
     catalog: Catalog
-    tps: Sequence[int] = (1, 2, 4, 8)
-    _book: dict[tuple[str, frozenset[str]], Profile] = field(default_factory=dict)
 
-    def get(self, jobs: Sequence[JobStatus], snapshot: ClusterSnapshot) -> dict[str, Profile]:
-        accels = fleet_accelerators(snapshot, self.catalog)
-        fleet = frozenset(accels)
-        todo: list[tuple[JobStatus, list[DeploymentConfig]]] = []
-        for job in jobs:
-            if (job.id, fleet) not in self._book:
-                shapes = [c for a in sorted(accels)
-                          for c in valid_default_configs(job.spec.model, a, self.catalog,
-                                                         tps=self.tps)
-                          if c.gpus_per_replica <= accels[a][1]]
-                todo.append((job, shapes))
+    def __call__(self, todo: Sequence[tuple[JobStatus, list[DeploymentConfig]]]
+                 ) -> list[PerShape]:
         pairs = [(c, workload_of(job)) for job, shapes in todo for c in shapes]
         preds = (predict_many(pairs, catalog=self.catalog, backend=PREDICTOR_BACKEND,
                               validate=False) if pairs else [])
-        i = 0
+        out, i = [], 0
         for job, shapes in todo:
             ps = preds[i:i + len(shapes)]
             i += len(shapes)
-            rate = [p.max_rate_under_slo_rps if job.is_online else p.output_throughput_tok_s
-                    for p in ps]
+            out.append(PerShape(
+                [p.max_rate_under_slo_rps if job.is_online else p.output_throughput_tok_s
+                 for p in ps],
+                [p.ttft_p95_ms / 1e3 for p in ps], [p.tpot_p95_ms / 1e3 for p in ps]))
+        return out
+
+
+def candidate_shapes(model: str, accels: dict[str, tuple[float, int]], catalog: Catalog,
+                     tps: Sequence[int], engines: Sequence[str]) -> list[DeploymentConfig]:
+    """Every engine-default config of the model on each accelerator (``fleet_accelerators``'
+    form) that validates and fits its largest offering: accelerator, engine, TP, precision."""
+    return [c for a in sorted(accels) for e in engines
+            for c in valid_default_configs(model, a, catalog, tps=tps, engine=e)
+            if c.gpus_per_replica <= accels[a][1]]
+
+
+@dataclass(slots=True)
+class ProfileBook:
+    """Per-job profiles, computed once per job (and fleet), from ``source``: the
+    predictor's (``Predicted``, the default) or one measured in the world."""
+
+    catalog: Catalog
+    tps: Sequence[int] = (1, 2, 4, 8)
+    engines: Sequence[str] = ("vllm",)
+    source: ProfileSource | None = None
+    _book: dict[tuple[str, frozenset[str]], Profile] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.source is None:
+            self.source = Predicted(self.catalog)
+
+    def get(self, jobs: Sequence[JobStatus], snapshot: ClusterSnapshot) -> dict[str, Profile]:
+        return self.profiles(jobs, fleet_accelerators(snapshot, self.catalog))
+
+    def profiles(self, jobs: Sequence[JobStatus],
+                 accels: dict[str, tuple[float, int]]) -> dict[str, Profile]:
+        """The jobs' profiles on a fleet of ``accels`` (``fleet_accelerators``' form)."""
+        fleet = frozenset(accels)
+        todo = [(job, candidate_shapes(job.spec.model, accels, self.catalog, self.tps,
+                                       self.engines))
+                for job in jobs if (job.id, fleet) not in self._book]
+        assert self.source is not None
+        for (job, shapes), m in zip(todo, self.source(todo) if todo else [], strict=True):
             self._book[(job.id, fleet)] = Profile(
-                shapes=shapes, rate=np.nan_to_num(np.array(rate, dtype=float)),
+                shapes=shapes, rate=np.nan_to_num(np.array(m.rate, dtype=float)),
                 tok_per_req=max(1.0, job.spec.output_len.mean_value()) if job.is_online else 1.0,
                 usd_h=np.array([accels[c.accelerator][0] * c.gpus_per_replica for c in shapes]),
                 gpus=np.array([c.gpus_per_replica for c in shapes], dtype=int),
-                ttft_p95_s=np.array([p.ttft_p95_ms / 1e3 for p in ps]),
-                tpot_p95_s=np.array([p.tpot_p95_ms / 1e3 for p in ps]))
+                ttft_p95_s=np.array(m.ttft_p95_s, dtype=float),
+                tpot_p95_s=np.array(m.tpot_p95_s, dtype=float))
         return {j.id: self._book[(j.id, fleet)] for j in jobs}
 
 
@@ -285,8 +332,8 @@ def _swap(job: JobStatus, dep: Deployment, t: Target, ledger: CapacityLedger,
     ledger.take(t.offering, n * gpus)
     budget.swaps -= 1
     cfg = t.shape.with_(offering=t.offering, replicas=n)
-    return Action(ActionKind.SWAP, job.id, f"{t.reason}; swap from {dep.config.accelerator}"
-                  f" tp{dep.config.tp} {dep.config.weight_precision} on {dep.offering}",
+    return Action(ActionKind.SWAP, job.id, f"{t.reason}; swap from {shape_label(dep.config)}"
+                  f" on {dep.offering}",
                   deployment_id=dep.id, config=cfg, offering=t.offering, replicas=n)
 
 

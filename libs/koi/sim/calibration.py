@@ -25,7 +25,7 @@ import numpy as np
 from koi.catalog import Catalog, load_catalog
 from koi.paths import shared_data_dir
 from koi.sim.physics import step_coef
-from koi.sim.replica import Replica, ReplicaSpec, Req
+from koi.sim.replica import Completion, Replica, ReplicaSpec, Req
 from koi.sim.world import WorldParams, load_world
 from koi.space import DeploymentConfig, engine_default_config, kv_capacity_tokens, validate
 
@@ -167,11 +167,17 @@ def _closed_loop(rep: Replica, row: Row, total: int) -> None:
     rep.feeder = feed
 
 
-def _metric(row: Row, done: list) -> float:
-    w = np.array([c.w for c in done])
+def span_s(done: list[Completion]) -> float:
+    """From the first request's arrival to the last completion, s: the time a
+    throughput is measured over."""
     end = max(c.t for c in done)
     start = min(c.t - c.ttft - (c.out - 1) * c.tpot for c in done)
-    span = max(end - start, 1e-9)
+    return max(end - start, 1e-9)
+
+
+def _metric(row: Row, done: list[Completion]) -> float:
+    w = np.array([c.w for c in done])
+    span = span_s(done)
     if row.metric == "output_throughput_tok_s":
         return float((w * row.out).sum() / span) * row.replicas
     if row.metric == "total_throughput_tok_s":

@@ -14,7 +14,7 @@ import numpy as np
 
 from koi.jobs import BatchJob, JobSpec, OnlineJob
 from koi.records import JobOutcome
-from koi.sim.replica import Completion, Replica, Req
+from koi.sim.replica import Completion, Replica, ReplicaSpec, Req
 
 QUEUE_TIMEOUT_S = 60.0   # an online request with no replica waits this long, then drops
 BATCH_GROUPS = 8         # a batch replica's batch is fed as ~this many request groups
@@ -135,18 +135,11 @@ class JobState:
                 if left <= 1e-9:
                     return
                 inp, out = self._peek_lens()
-                w = min(self._group(rep, inp, out), left)
+                w = min(batch_group(rep.s, inp, out), left)
                 inp, out = self._take_lens(w)
                 self.issued += w
                 r = Req(self.idx, rep.now, inp, out, w, 0.0)
             rep.enqueue(r)
-
-    def _group(self, rep: Replica, inp: int, out: int) -> float:
-        # Batch requests have no SLO to sample, so they travel in groups sized to keep
-        # ~BATCH_GROUPS groups per replica batch (fewer simulated events, same load).
-        by_seqs = rep.s.max_seqs / BATCH_GROUPS
-        by_kv = rep.s.kv_cap / BATCH_GROUPS / (inp + out)
-        return float(max(1, int(min(by_seqs, by_kv))))
 
     def _peek_lens(self) -> tuple[int, int]:
         """The next request's (input, output) lengths, not consumed."""
@@ -200,6 +193,17 @@ class JobState:
                           good_output_tokens=self.good_tokens,
                           served_output_tokens=self.served_tokens,
                           queued_at_end=queued_reqs)
+
+
+def batch_group(spec: ReplicaSpec, inp: int, out: int) -> float:
+    """Requests per group a batch backlog is fed to a replica in.
+
+    Batch requests have no SLO to sample, so they travel in groups sized to keep
+    ~BATCH_GROUPS groups per replica batch (fewer simulated events, same load).
+    """
+    by_seqs = spec.max_seqs / BATCH_GROUPS
+    by_kv = spec.kv_cap / BATCH_GROUPS / (inp + out)
+    return float(max(1, int(min(by_seqs, by_kv))))
 
 
 def _group_means(lengths: np.ndarray, keep: np.ndarray) -> np.ndarray:
