@@ -22,8 +22,10 @@ from koi.bench.report import (
     markdown_table,
     results_json,
     rich_table,
+    run_json,
     stat,
     summarise,
+    summarise_records,
 )
 from koi.bench.runner import RunProgress, RunResult, run_matrix, run_once
 from koi.cli.main import app
@@ -34,7 +36,7 @@ from koi.sim.testing import batch_job, online_job, tiny_scenario
 POLICY = "fcfs-first-fit"
 METRIC_KEYS = {"batch_progress_pct", "admit_online_pct", "admit_batch_pct",
                "cost_per_token_usd", "ttft_met_pct", "tpot_met_pct", "goodput_tok_s",
-               "overall_score"}
+               "overall_score", "offered_goodput_tok_s"}   # koi bench report's (d) reads it
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +148,16 @@ def test_table_renders_mean_and_spread(two_seeds: tuple[list[RunResult], list[Ru
     assert [c.header for c in table.columns][2:2 + len(COLUMNS)] == [c.header for c in COLUMNS]
 
 
+def test_the_table_read_back_from_runs_jsonl_is_the_same(
+        two_seeds: tuple[list[RunResult], list[RunProgress]]) -> None:
+    results = two_seeds[0]
+    records = [json.loads(json.dumps(run_json(r))) for r in results]
+    assert markdown_table(summarise_records(records)) == markdown_table(summarise(results))
+    records[0]["metrics"]["goodput_tok_s"] = None      # a null stays missing, not averaged away
+    row = summarise_records(records)[0]
+    assert row.stats["goodput_tok_s"].text(".0f") == "nan" and row.stats["score"].n == 2
+
+
 # --- plots ----------------------------------------------------------------------------------
 
 def test_plots_are_written(result: RunResult, tmp_path: Path) -> None:
@@ -193,6 +205,8 @@ def test_cli_matrix_writes_a_list(scenario_file: Path, tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     runs = json.loads((out / "runs.json").read_text())
     assert isinstance(runs, list) and [r["seed"] for r in runs] == [1, 2]
+    stamp = json.loads((out / "runs.jsonl").read_text().splitlines()[0])["bench"]
+    assert stamp["commit"] and stamp["host"] and stamp["cpus"] >= 1   # for koi bench report
     assert "±" in (out / "table.md").read_text()
     assert not list(out.glob("*.png"))   # plots only on request for a matrix
 

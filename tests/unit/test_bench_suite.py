@@ -89,7 +89,8 @@ def test_tiny_suite_runs_then_resumes_with_nothing_new(tmp_path: Path) -> None:
     assert {(r["scenario"], r["policy"]) for r in recs} == {
         (f"gen-small-{s}", p) for s in (0, 1) for p in CHEAP}
     assert all(r["suite"]["size"] == "small" and r["suite"]["scenario_seed"] == r["seed"]
-               and r["suite"]["commit"] for r in recs)
+               and r["suite"]["commit"] and r["suite"]["host"] and r["suite"]["cpus"] >= 1
+               for r in recs)
     assert any(line.startswith("4/4 gen-small-") and " score " in line for line in said)
     assert HELD_OUT_NOTE not in said
     report = (tmp_path / REPORT).read_text()

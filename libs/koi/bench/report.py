@@ -1,7 +1,8 @@
 """Scenario benchmark reports: the preprint's table columns, per (scenario, policy).
 
 ``summarise`` groups ``RunResult``s by (scenario, policy) and gives each column's mean and
-spread over seeds; ``rich_table``, ``markdown_table`` and ``csv_text`` render the same
+spread over seeds (``summarise_records`` the same from ``runs.jsonl`` records, where a
+null stays missing); ``rich_table``, ``markdown_table`` and ``csv_text`` render the same
 rows; ``run_json`` is the per-run JSON object of ``koi bench --json``. The spread is
 **half the range** over seeds, (max − min) ÷ 2, so ``mean ± spread`` brackets every seed
 when runs are symmetric, and with three seeds it is not the understated std of n − 1 = 2.
@@ -15,13 +16,14 @@ import csv
 import io
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from rich.table import Table
 
 from koi.bench.runner import RunResult
+from koi.bench.stats import Record, metric_value
 
 COST_UNIT = 1e-4
 SPREAD = "half-range"
@@ -31,20 +33,32 @@ SPREAD = "half-range"
 class Column:
     key: str                            # short id (CSV header)
     header: str                         # human header (rich, markdown)
-    get: Callable[[RunResult], float]
+    metric: str                         # ``RunMetrics`` field = key under a record's metrics
     fmt: str                            # format of mean and spread
+    scale: float = 1.0                  # the column shows metric ÷ scale
+
+    def get(self, result: RunResult) -> float:
+        return float(getattr(result.metrics, self.metric)) / self.scale
+
+    def of_record(self, record: Record) -> float | None:
+        """The value in a ``runs.jsonl`` record; None when null or not recorded."""
+        try:
+            value = metric_value(record, self.metric)
+        except KeyError:
+            return None
+        return None if value is None else value / self.scale
 
 
 COLUMNS: tuple[Column, ...] = (
-    Column("batch_prog_pct", "batch prog %", lambda r: r.metrics.batch_progress_pct, ".1f"),
-    Column("admit_online_pct", "admit online %", lambda r: r.metrics.admit_online_pct, ".1f"),
-    Column("admit_batch_pct", "admit batch %", lambda r: r.metrics.admit_batch_pct, ".1f"),
-    Column("cost_per_token_1e-4_usd", "$/token (×1e-4 $)",
-           lambda r: r.metrics.cost_per_token_usd / COST_UNIT, ".3f"),
-    Column("ttft_met_pct", "TTFT met %", lambda r: r.metrics.ttft_met_pct, ".1f"),
-    Column("tpot_met_pct", "TPOT met %", lambda r: r.metrics.tpot_met_pct, ".1f"),
-    Column("goodput_tok_s", "goodput tok/s", lambda r: r.metrics.goodput_tok_s, ".0f"),
-    Column("score", "score", lambda r: r.metrics.overall_score, ".1f"),
+    Column("batch_prog_pct", "batch prog %", "batch_progress_pct", ".1f"),
+    Column("admit_online_pct", "admit online %", "admit_online_pct", ".1f"),
+    Column("admit_batch_pct", "admit batch %", "admit_batch_pct", ".1f"),
+    Column("cost_per_token_1e-4_usd", "$/token (×1e-4 $)", "cost_per_token_usd", ".3f",
+           COST_UNIT),
+    Column("ttft_met_pct", "TTFT met %", "ttft_met_pct", ".1f"),
+    Column("tpot_met_pct", "TPOT met %", "tpot_met_pct", ".1f"),
+    Column("goodput_tok_s", "goodput tok/s", "goodput_tok_s", ".0f"),
+    Column("score", "score", "overall_score", ".1f"),
 )
 
 
@@ -83,6 +97,15 @@ def stat(values: Sequence[float]) -> Stat:
     return Stat(statistics.fmean(vals), (max(vals) - min(vals)) / 2.0, len(vals))
 
 
+def recorded_stat(values: Sequence[float | None]) -> Stat:
+    """``stat`` of values read back from ``runs.jsonl``, where null stands for a value that
+    was not recorded or not finite (the file cannot tell which): any null makes the cell
+    nan, never a mean over the other seeds."""
+    if any(v is None for v in values):
+        return Stat(math.nan, math.nan, len(values))
+    return stat(cast(Sequence[float], values))
+
+
 def summarise(results: Sequence[RunResult]) -> list[SummaryRow]:
     """One row per (scenario, policy), in first-seen order."""
     groups: dict[tuple[str, str], list[RunResult]] = {}
@@ -96,6 +119,22 @@ def summarise(results: Sequence[RunResult]) -> list[SummaryRow]:
             stat([r.wall_s for r in runs]),
             runs[0].sample_fraction,
             sum(len(r.policy_failures) for r in runs)))
+    return rows
+
+
+def summarise_records(records: Sequence[Record]) -> list[SummaryRow]:
+    """``summarise`` over ``runs.jsonl`` records (``run_json`` objects): the same rows."""
+    groups: dict[tuple[str, str], list[Record]] = {}
+    for r in records:
+        groups.setdefault((str(r["scenario"]), str(r["policy"])), []).append(r)
+    rows = []
+    for (scn, pol), runs in groups.items():
+        rows.append(SummaryRow(
+            scn, pol, tuple(int(r["seed"]) for r in runs),
+            {c.key: recorded_stat([c.of_record(r) for r in runs]) for c in COLUMNS},
+            recorded_stat([r.get("wall_s") for r in runs]),
+            float(runs[0].get("sample_fraction") or math.nan),
+            sum(len(r.get("policy_failures") or ()) for r in runs)))
     return rows
 
 
@@ -207,9 +246,11 @@ __all__ = [
     "SummaryRow",
     "csv_text",
     "markdown_table",
+    "recorded_stat",
     "results_json",
     "rich_table",
     "run_json",
     "stat",
     "summarise",
+    "summarise_records",
 ]

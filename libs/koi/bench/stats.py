@@ -103,15 +103,22 @@ def metric_value(record: Record, metric: str) -> float | None:
     return float(value)
 
 
-def _by_key(records: Iterable[Record], metric: str) -> dict[str, dict[Key, float | None]]:
-    """policy → (scenario, seed) → value; a run recorded twice is an error."""
+def values_by_run(records: Iterable[Record], metric: str, *,
+                  missing_ok: bool = False) -> dict[str, dict[Key, float | None]]:
+    """policy → (scenario, seed) → ``metric_value``; a run recorded twice is an error.
+    ``missing_ok``: a record without the metric (an older run) gives None, not KeyError."""
     table: dict[str, dict[Key, float | None]] = {}
     for r in records:
         runs = table.setdefault(str(r["policy"]), {})
         key = (str(r["scenario"]), int(r["seed"]))
         if key in runs:
             raise ValueError(f"run recorded twice: {r['policy']} on {key[0]} seed {key[1]}")
-        runs[key] = metric_value(r, metric)
+        try:
+            runs[key] = metric_value(r, metric)
+        except KeyError:
+            if not missing_ok:
+                raise
+            runs[key] = None
     return table
 
 
@@ -135,7 +142,7 @@ def paired_differences(records: Iterable[Record], metric: str = "score",
 
     Raises ``ValueError`` if the reference has no runs or a run appears twice.
     """
-    table = _by_key(records, metric)
+    table = values_by_run(records, metric)
     if reference not in table:
         raise ValueError(f"no runs of the reference policy {reference!r}")
     ref = table[reference]
@@ -286,4 +293,5 @@ __all__ = [
     "group_by_scenario",
     "metric_value",
     "paired_differences",
+    "values_by_run",
 ]

@@ -6,8 +6,9 @@ grid, ``done_keys`` reads what ``<out>/runs.jsonl`` already holds so an interrup
 resumes where it stopped, and ``run_suite`` runs the rest — in-process for one worker,
 else in a process pool whose workers generate each scenario themselves from (seed, size),
 so only ints cross the process boundary. Only the parent writes: one ``runs.jsonl`` line
-per finished run (``koi.bench.report.run_json`` plus a ``suite`` block), one
-``failures.jsonl`` line per run that raised, and ``suite.md`` at the end.
+per finished run (``koi.bench.report.run_json`` plus a ``suite`` block: size, scenario
+seed, commit, ticks, host and CPU count), one ``failures.jsonl`` line per run that
+raised, and ``suite.md`` at the end.
 
 Seeds >= ``HELD_OUT_FROM`` are held out for evaluation: no default may be tuned on them,
 so a suite reaching them says so and every record carries the git commit it ran at.
@@ -166,6 +167,11 @@ def git_commit() -> str:
     return proc.stdout.strip() or "unknown"
 
 
+def machine() -> dict[str, Any]:
+    """The machine runs ran on, for their records: ``{"host": name, "cpus": count}``."""
+    return {"host": platform.node(), "cpus": os.cpu_count()}
+
+
 # --- one run (runs in a worker) ----------------------------------------------------------
 
 def run_one(seed: int, size: str, policy: str, sample_fraction: float | None,
@@ -184,7 +190,8 @@ def run_one(seed: int, size: str, policy: str, sample_fraction: float | None,
     scenario = parse_scenario(data, source=scenario_name(size, seed), catalog=cat)
     result = run_once(scenario, policy, seed, sample_fraction=sample_fraction, catalog=cat)
     record = run_json(result)
-    record["suite"] = {"size": size, "scenario_seed": seed, "commit": commit, "ticks": ticks}
+    record["suite"] = {"size": size, "scenario_seed": seed, "commit": commit, "ticks": ticks,
+                       **machine()}
     return record
 
 
@@ -302,6 +309,8 @@ __all__ = [
     "SuiteOutcome",
     "SuiteRun",
     "done_keys",
+    "git_commit",
+    "machine",
     "parse_range",
     "pending",
     "plan",

@@ -1,16 +1,20 @@
-"""``koi bench --scenario … --policy …``: run policies through scenarios and report.
+"""``koi bench --scenario … --policy …``: run policies through scenarios and report;
+``koi bench report``: one results document from the runs already made.
 
 Thin: resolves names (unknown ones exit 2 with the known names), drives
 ``koi.bench.runner.run_matrix`` under a rich progress bar, and writes what
-``koi.bench.report`` and ``koi.bench.plots`` render. No metric or simulation logic here.
+``koi.bench.report``, ``koi.bench.plots`` and ``koi.bench.results`` render. No metric or
+simulation logic here.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -28,6 +32,8 @@ if TYPE_CHECKING:
     from koi.bench.runner import RunResult
 
 DEFAULT_OUT = Path("out/bench")
+DEFAULT_RUNS = Path("out")
+DEFAULT_RESULTS = Path("docs/RESULTS.md")
 
 
 def split_list(values: Sequence[str] | None) -> list[str]:
@@ -49,6 +55,7 @@ def bench_command(console: Console, *, scenarios: list[str], policies: list[str]
                   jobs: bool = False) -> None:
     from koi.bench.report import results_json, run_json
     from koi.bench.runner import RunProgress, run_matrix
+    from koi.bench.suite import git_commit, machine
     from koi.policies import policy_names
     from koi.scenario import list_scenarios, load_scenario
 
@@ -77,10 +84,11 @@ def bench_command(console: Console, *, scenarios: list[str], policies: list[str]
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / "runs.jsonl"
     jsonl.write_text("")
+    stamp = {"commit": git_commit(), **machine()}  # where the runs ran, for koi bench report
 
     def on_result(res: RunResult) -> None:  # partial results survive an interrupted matrix
         with jsonl.open("a") as fh:
-            fh.write(json.dumps(run_json(res, jobs=jobs)) + "\n")
+            fh.write(json.dumps({**run_json(res, jobs=jobs), "bench": stamp}) + "\n")
         if plot_each:
             from koi.bench.plots import write_plots
 
@@ -120,6 +128,39 @@ def bench_command(console: Console, *, scenarios: list[str], policies: list[str]
             console.print(f"json: {json_out}")
 
 
+def report_command(
+    runs: Annotated[list[Path] | None, typer.Argument(
+        help="runs.jsonl files, or directories searched for them (those of koi bench --out "
+             "and koi bench suite --out); default: out/.", show_default=False)] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Markdown file to write ('-': "
+                                                          "stdout).")] = DEFAULT_RESULTS,
+) -> None:
+    """One results document from the runs already made: per generated suite, each
+    policy's mean score, Koi against each (paired bootstrap) and the bar; per shipped
+    scenario, the koi bench table. Runs nothing."""
+    from koi.bench.results import load_run_files, render
+    from koi.scenario import list_scenarios
+
+    console = Console(stderr=True)
+    paths = runs or [DEFAULT_RUNS]
+    try:
+        files = load_run_files(paths)
+    except FileNotFoundError as exc:
+        _fail(console, str(exc), "give runs.jsonl files or the --out directories of "
+                                 "koi bench / koi bench suite")
+    command = shlex.join(["koi", "bench", "report", *map(str, paths), "-o", str(out)])
+    text = render(files, command=command, shipped=list_scenarios(),
+                  date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
+    if str(out) == "-":
+        print(text, end="")
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    runs_read = sum(len(f.records) for f in files)
+    console.print(f"wrote {out}: {runs_read} runs from {len(files)} runs.jsonl file(s)",
+                  soft_wrap=True, markup=False)
+
+
 def _print_and_write(console: Console, results: Sequence[RunResult], out: Path) -> None:
     from koi.bench.report import csv_text, markdown_table, rich_table, summarise
 
@@ -150,11 +191,11 @@ def _wide(console: Console) -> Console:
     return console if console.is_terminal else Console(file=console.file, width=220)
 
 
-def _fail(console: Console, message: str, hint: str) -> None:
+def _fail(console: Console, message: str, hint: str) -> NoReturn:
     console.print(f"[red]error:[/] {message}")
     if hint:
         console.print(hint)
     raise typer.Exit(2)
 
 
-__all__ = ["DEFAULT_OUT", "bench_command", "parse_seeds", "split_list"]
+__all__ = ["DEFAULT_OUT", "bench_command", "parse_seeds", "report_command", "split_list"]

@@ -1,5 +1,5 @@
-"""The `koi` command line: predict, calibrate, bench, explain, demo, serve, submit, events,
-scenario.
+"""The `koi` command line: predict, calibrate, bench, explain, profile, demo, serve, submit,
+events, scenario.
 
 Thin: parses flags, calls the domain library, prints with rich. Each subcommand's
 logic lives in ``koi.*``; nothing here decides anything.
@@ -15,6 +15,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from koi.cli.bench_cmd import report_command
 
 app = typer.Typer(help="Koi: a self-calibrating planner for LLM inference fleets.",
                   no_args_is_help=True, add_completion=False)
@@ -342,6 +344,9 @@ def bench_tick(
     tick_command(console, scenario, policy, seed, ticks)
 
 
+bench_app.command("report")(report_command)
+
+
 @bench_app.command("suite")
 def bench_suite(
     generated: Annotated[str, Opt(help="Generated scenario seeds A-B (inclusive, at most "
@@ -400,6 +405,23 @@ def explain(
     from koi.cli.explain_cmd import explain_command
 
     explain_command(console, scenario, job, tick, seed, policy)
+
+
+@app.command()
+def profile(
+    scenario: Annotated[str, Opt(help="Scenario name or YAML file.")],
+    seed: Annotated[int, Opt(help="Run seed: the world profiled (a randomized world is drawn"
+                                  " from it, as the simulator draws it) and the noise.")] = 1,
+    out: Annotated[Path | None, Opt("--out", "-o", help="JSON file to write (default: "
+                                                        "out/profile/<scenario>-s<seed>.json).")
+                   ] = None,
+) -> None:
+    """Profile every job's candidate replica shapes in the scenario's world, as the
+    profiled baselines do before planning: saturated tok/s, p95 TTFT/TPOT over a load
+    sweep, and the highest rate under each job's SLO."""
+    from koi.cli.profile_cmd import profile_command
+
+    profile_command(console, scenario, seed, out)
 
 
 @app.command()
