@@ -12,7 +12,7 @@ run lives here (that is each policy's business), and nothing reads clocks or ran
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -101,13 +101,20 @@ def shape_key(cfg: DeploymentConfig) -> tuple[str, int, str, str]:
 
 def fleet_accelerators(snapshot: ClusterSnapshot, catalog: Catalog) -> dict[str, tuple[float, int]]:
     """accelerator → (cheapest $/GPU-hour, largest offering's total GPUs) in the snapshot."""
+    return accelerator_summary(((c.offering, c.total_gpus) for c in snapshot.capacity), catalog)
+
+
+def accelerator_summary(offerings: Iterable[tuple[str, int]],
+                        catalog: Catalog) -> dict[str, tuple[float, int]]:
+    """accelerator → (cheapest $/GPU-hour, largest GPU count) over (offering id, GPUs)
+    pairs; offerings not in the catalog are skipped."""
     out: dict[str, tuple[float, int]] = {}
-    for cap in snapshot.capacity:
-        if cap.offering not in catalog.offerings:
+    for offering, gpus in offerings:
+        if offering not in catalog.offerings:
             continue
-        off = catalog.offering(cap.offering)
+        off = catalog.offering(offering)
         price, size = out.get(off.accelerator, (math.inf, 0))
-        out[off.accelerator] = (min(price, off.usd_per_gpu_hour), max(size, cap.total_gpus))
+        out[off.accelerator] = (min(price, off.usd_per_gpu_hour), max(size, gpus))
     return out
 
 

@@ -35,7 +35,12 @@ from koi.cluster import JobStatus
 from koi.planner.candidates import MAX_REPLICAS as KOI_MAX_REPLICAS
 from koi.planner.tick import KoiSettings
 from koi.policies.base import Policy
-from koi.policies.practitioner_common import PerShape, ProfileBook, slo_of
+from koi.policies.practitioner_common import (
+    PerShape,
+    ProfileBook,
+    accelerator_summary,
+    slo_of,
+)
 from koi.predictor.types import Workload
 from koi.scenario.types import Scenario
 from koi.sim.profile import Profiler, RequestShape
@@ -57,14 +62,7 @@ MIGRATION_BUDGET = KoiSettings().migration_budget
 def scenario_accelerators(scenario: Scenario, catalog: Catalog) -> dict[str, tuple[float, int]]:
     """accelerator → (cheapest $/GPU-hour, largest offering's GPUs) of the scenario's fleet
     at t=0: ``fleet_accelerators``' answer before the first snapshot."""
-    out: dict[str, tuple[float, int]] = {}
-    for entry in scenario.fleet:
-        if entry.offering not in catalog.offerings:
-            continue
-        off = catalog.offering(entry.offering)
-        price, size = out.get(off.accelerator, (math.inf, 0))
-        out[off.accelerator] = (min(price, off.usd_per_gpu_hour), max(size, entry.gpus))
-    return out
+    return accelerator_summary(((e.offering, e.gpus) for e in scenario.fleet), catalog)
 
 
 # --- profile sources ------------------------------------------------------------------------

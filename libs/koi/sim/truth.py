@@ -27,6 +27,7 @@ import numpy as np
 
 from koi.catalog import Catalog, Offering
 from koi.jobs import JobSpec, OnlineJob
+from koi.sim.calibration import span_s
 from koi.sim.fleet import replica_spec
 from koi.sim.replica import Replica, Req
 from koi.sim.world import WorldParams
@@ -134,8 +135,6 @@ class WorldTruth:
         done = [c for c in rep.take_stats().done if c.job >= WARMUP]
         if not done:
             return Point(0.0, math.inf, math.inf)
-        end = max(c.t for c in done)
-        start = min(c.t - c.ttft - (c.out - 1) * c.tpot for c in done)
-        tok = sum(c.out for c in done) / max(end - start, 1e-9)
+        tok = sum(c.out for c in done) / span_s(done)
         return Point(tok, float(np.percentile([c.ttft for c in done], P95)),
                      float(np.percentile([c.tpot for c in done], P95)))
