@@ -36,3 +36,38 @@ def test_the_world_fit_predicts_the_world_better_than_the_public_fit() -> None:
     fitted = _median_ape(ours, oracle)
     assert fitted < _median_ape(ours, load_calibration())
     assert fitted < _median_ape(ours, world_calibration(world))
+
+
+def test_the_true_oracle_measures_alternatives_on_every_accelerator() -> None:
+    """The top-k by tokens per dollar may all sit on one cheap accelerator; the best few
+    of every other accelerator are measured too, so a stock-out there leaves somewhere
+    to go (gen-medium-1: three online jobs stranded on Gaudi2)."""
+    from types import SimpleNamespace
+
+    from koi.planner.propose import Proposal
+    from koi.policies.oracle import TruthMeasure
+    from koi.space import DeploymentConfig
+
+    cat = load_catalog()
+    job = online_job("chat", model="llama-3.1-8b", inp=1024, out=256)
+    cheap = [DeploymentConfig(model="llama-3.1-8b", accelerator="l40s", max_num_seqs=n)
+             for n in (16, 32, 64, 128, 256)]
+    dear = [DeploymentConfig(model="llama-3.1-8b", accelerator="h100-sxm", max_num_seqs=n)
+            for n in (16, 32, 64)]
+    ev = SimpleNamespace(proposals=tuple(Proposal("chat", c, "") for c in cheap + dear))
+
+    class Truth:  # every l40s config is worth more per dollar than any h100 one
+        def saturated_tok_s(self, cfg, job, off) -> float:
+            return (1e6 if cfg.accelerator == "l40s" else 1.0) + cfg.max_num_seqs
+
+    offers = {a: [o for o in cat.offerings.values() if o.accelerator == a][:1]
+              for a in ("l40s", "h100-sxm")}
+    measure = TruthMeasure(Truth(), cat, top_k=3, per_accelerator=2)  # type: ignore[arg-type]
+    chosen = [ev.proposals[i].config for i in measure._chosen(job, list(range(8)), ev,
+                                                               offers, set())]
+    assert [c.max_num_seqs for c in chosen if c.accelerator == "l40s"] == [64, 128, 256]
+    assert [c.max_num_seqs for c in chosen if c.accelerator == "h100-sxm"] == [32, 64]
+    # without the per-accelerator floor the h100s would not be measured at all
+    only_top = TruthMeasure(Truth(), cat, top_k=3, per_accelerator=0)  # type: ignore[arg-type]
+    assert {ev.proposals[i].config.accelerator
+            for i in only_top._chosen(job, list(range(8)), ev, offers, set())} == {"l40s"}

@@ -13,8 +13,9 @@ its p95s are measured with the noise distribution in them.
 
 To keep a run affordable it measures a job's saturated throughput for every candidate
 (one replica run each) and the SLO-bound rate (a bisection) for the ``TOP_K`` best by
-saturated tokens per dollar, plus the configurations already running; the composer
-chooses among measured candidates only. Every answer is cached for the run.
+saturated tokens per dollar, the ``PER_ACCELERATOR`` best on each accelerator, plus the
+configurations already running; the composer chooses among measured candidates only.
+Every answer is cached for the run.
 
 ``oracle-fit`` (the earlier reference, kept for comparison): Koi itself, beliefs and DRO
 included, on a factor table *fitted to the run's hidden world*: every public
@@ -174,6 +175,7 @@ class OracleFit(_KoiBase):
 
 
 TOP_K = 12   # online candidates per job whose SLO-bound rate is measured (bisection)
+PER_ACCELERATOR = 2   # ... plus the best this many on each accelerator of the fleet
 
 
 @dataclass
@@ -184,6 +186,7 @@ class TruthMeasure:
     truth: WorldTruth
     catalog: Catalog
     top_k: int = TOP_K
+    per_accelerator: int = PER_ACCELERATOR
 
     def __call__(self, ev: Evaluated, snapshot: ClusterSnapshot) -> Measured:
         offers: dict[str, list[Offering]] = {}
@@ -215,7 +218,8 @@ class TruthMeasure:
     def _chosen(self, job: JobSpec, idx: list[int], ev: Evaluated,
                 offers: dict[str, list[Offering]], running: set) -> list[int]:
         """The rows whose rate is measured: every batch row; online, the ``top_k`` by
-        saturated output tok/s per dollar on the cheapest offering, and any running one."""
+        saturated output tok/s per dollar on the cheapest offering, the best
+        ``per_accelerator`` of each accelerator by the same measure, and any running one."""
         if not isinstance(job, OnlineJob):
             return idx
 
@@ -225,8 +229,17 @@ class TruthMeasure:
             usd = off.usd_per_gpu_hour * cfg.gpus_per_replica
             return self.truth.saturated_tok_s(cfg, job, off) / max(usd, 1e-9)
 
-        best = sorted(idx, key=lambda i: -value(i))[:self.top_k]
-        keep = {ev.proposals[i].config for i in best}
+        ranked = sorted(idx, key=lambda i: -value(i))
+        keep = {ev.proposals[i].config for i in ranked[:self.top_k]}
+        # and the best few on every accelerator, so that an offering lost to a stock-out
+        # or a spot storm leaves measured alternatives elsewhere (gen-medium-1: with the
+        # top 12 all on Gaudi2, a Gaudi2 stock-out left three online jobs nowhere to go)
+        per_accel: dict[str, int] = {}
+        for i in ranked:
+            accel = ev.proposals[i].config.accelerator
+            if per_accel.get(accel, 0) < self.per_accelerator:
+                per_accel[accel] = per_accel.get(accel, 0) + 1
+                keep.add(ev.proposals[i].config)
         keep |= {c for j, c in running if j == job.id}
         return [i for i in idx if ev.proposals[i].config in keep]
 
