@@ -1,5 +1,5 @@
 """The `koi` command line: predict, calibrate, bench, explain, profile, demo, serve, submit,
-events, scenario.
+events, scenario, plan.
 
 Thin: parses flags, calls the domain library, prints with rich. Each subcommand's
 logic lives in ``koi.*``; nothing here decides anything.
@@ -457,6 +457,36 @@ def serve(name: Annotated[str, typer.Argument(help="Service: sim, telemetry-inge
     from services.cli import serve as serve_service
 
     serve_service(name)
+
+
+@app.command()
+def plan(
+    backend: Annotated[str, Opt(help="Where the actions go: k8s.")] = "k8s",
+    apply: Annotated[bool, Opt("--apply/--dry-run", help="Apply the actions, or only show"
+                               " them (the default).")] = False,
+    server_dry_run: Annotated[bool, Opt(help="With --dry-run: also send every write with"
+                                        " dryRun=All, for the API server to validate.")
+                              ] = False,
+    scenario: Annotated[str, Opt(help="Scenario name or YAML file.")] = "hetero-3h",
+    tick: Annotated[int, Opt(help="The planning tick whose actions to show.")] = 0,
+    seed: Annotated[int, Opt(help="Seed.")] = 1,
+    policy: Annotated[str, Opt(help="Planning policy.")] = "koi",
+    kube_url: Annotated[str | None, Opt(help="API server URL without credentials (kubectl"
+                                        " proxy); default: the kubeconfig.")] = None,
+    kubeconfig: Annotated[str | None, Opt(help="Kubeconfig file (default: $KUBECONFIG or"
+                                          " ~/.kube/config).")] = None,
+    namespace: Annotated[str, Opt(help="Namespace Koi's objects live in.")] = "koi",
+    manifest_options: Annotated[Path | None, Opt(help="YAML: checkpoints, draft_models,"
+                                                 " images, hf_token_secret, ...")] = None,
+) -> None:
+    """Replay a scenario to a tick and show its actions on a Kubernetes cluster: the
+    manifests, the diff against what runs, and why (docs/FLEETS.md)."""
+    from services.plan_cmd import plan_command
+
+    raise typer.Exit(plan_command(
+        backend=backend, apply=apply, server_dry_run=server_dry_run, scenario=scenario,
+        tick=tick, seed=seed, policy=policy, kube_url=kube_url, kubeconfig=kubeconfig,
+        namespace=namespace, options_file=manifest_options))
 
 
 @app.command()
