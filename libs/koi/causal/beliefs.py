@@ -66,7 +66,10 @@ def normal_cdf(x: float) -> float:
 class Belief:
     """Posterior over the log effect θ on ``edge`` in ``scope``, as of tick ``as_of``.
 
-    Posterior precision = prior_precision + data_precision, mean = data_sum / precision.
+    Posterior precision = prior_precision + data_precision, mean = (prior_sum +
+    data_sum) / precision. ``prior_sum`` is the prior's precision-weighted mean: 0 (the
+    predictor is right) unless a language-model hypothesis set a weak prior
+    (``koi.rlm.adopt.with_priors``); it never decays and adds no support.
     ``weight`` is the decayed sum of observation weights (effective sample size);
     ``support`` the plain count of observations; ``last_confirmed`` the last tick an
     observation agreed in sign with the posterior after it.
@@ -83,6 +86,7 @@ class Belief:
     last_confirmed: int = -1
     as_of: int = 0
     sources: tuple[str, ...] = ()  # distinct deployment-scope keys behind it (≤ MAX_SOURCES)
+    prior_sum: float = 0.0  # prior precision × prior mean; 0 = the predictor's prior
 
     @staticmethod
     def prior(edge: Edge, scope: Scope, config: BeliefConfig, tick: int = 0) -> Belief:
@@ -94,7 +98,12 @@ class Belief:
 
     @property
     def mean(self) -> float:
-        return self.data_sum / self.precision
+        return (self.prior_sum + self.data_sum) / self.precision
+
+    @property
+    def seeded(self) -> bool:
+        """Whether a hypothesis set its prior (a non-zero prior mean)."""
+        return self.prior_sum != 0.0
 
     @property
     def sd(self) -> float:
@@ -137,7 +146,7 @@ class Belief:
             dp, ds, wt, n = dp + prec, ds + prec * residual, wt + weight, n + 1
             if source and len(sources) < MAX_SOURCES:
                 sources.add(source)
-            mean = ds / (self.prior_precision + dp)
+            mean = (self.prior_sum + ds) / (self.prior_precision + dp)
             if mean != 0.0 and (residual > 0) == (mean > 0):
                 confirmed = tick
         if n == self.support:

@@ -50,6 +50,9 @@ class Mechanism:
     last_confirmed: int
     active: bool = True
     retired_at: int = -1  # last tick it was retired (-1 = never)
+    # "data": found in telemetry alone; "rlm": its belief started from a language-model
+    # hypothesis's weak prior (telemetry still had to promote it). Kept from first promotion
+    source: str = "data"
 
     def line(self) -> str:
         """Operator line, e.g. ``kv_pressure > 0.85 → TPOT ×1.6 on {l4, vllm, ≤10B, tp1}
@@ -121,6 +124,7 @@ def evaluate(beliefs: Iterable[Belief], previous: Mapping[str, Mechanism], tick:
             first_seen=prev.first_seen if prev is not None else tick,
             last_confirmed=b.last_confirmed, active=active,
             retired_at=tick if (was_active and not active) else
-            (prev.retired_at if prev is not None else -1))
+            (prev.retired_at if prev is not None else -1),
+            source=prev.source if prev is not None else ("rlm" if b.seeded else "data"))
     return out
 
