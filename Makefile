@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
 GEN_STAMP := libs/koi/v1/.generated
 
-.PHONY: venv proto test demo lint bench typecheck chaos clean
+.PHONY: venv proto test test-fast demo lint bench typecheck chaos clean
 
 venv: $(STAMP)
 
@@ -26,6 +26,10 @@ $(GEN_STAMP): $(STAMP) $(wildcard proto/koi/v1/*.proto) scripts/gen_protos.py
 
 test: proto
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Unit and property tests only: no NATS, Redis or services; seconds, not minutes.
+test-fast: proto
+	$(BIN)/python -m pytest -q tests/unit tests/property $(PYTEST_ARGS)
 
 demo: proto
 	$(BIN)/koi demo $(DEMO_ARGS)

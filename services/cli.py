@@ -244,7 +244,7 @@ async def _follow(nats_url: str, job: str | None, severity: str, since: str, fol
     js = nc.jetstream()
     cfg = (ConsumerConfig(deliver_policy=DeliverPolicy.ALL) if start is None else
            ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME,
-                          opt_start_time=start.isoformat().replace("+00:00", "Z")))
+                          opt_start_time=start))
     render = event_json if as_json else event_line
     shown = 0
     try:

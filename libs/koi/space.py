@@ -220,9 +220,8 @@ def split_params(model: Model) -> tuple[float, float]:
     if not model.is_moe:
         return model.params_b, 0.0
     moe_layers = model.num_layers - model.first_dense_layers
-    expert_b = 3 * model.hidden_size * model.moe_intermediate_size * model.num_experts
-    expert_b = expert_b * moe_layers / 1e9
-    expert_b = min(expert_b, model.params_b * 0.98)
+    per_layer = 3 * model.hidden_size * model.moe_intermediate_size * model.num_experts
+    expert_b = min(per_layer * moe_layers / 1e9, model.params_b * 0.98)
     return model.params_b - expert_b, expert_b
 
 

@@ -20,8 +20,9 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -60,7 +61,8 @@ class ServiceContext:
             self.log.warning("event_emit_failed", kind=kind, error=repr(exc))
 
 
-Body = Callable[[ServiceContext], Awaitable[None]]
+# a coroutine function: run_service makes a task of the body
+Body = Callable[[ServiceContext], Coroutine[Any, Any, None]]
 
 
 def ready_key(service: str) -> str:
@@ -82,7 +84,8 @@ async def _clock(ctx: ServiceContext) -> int:
     from services.runtime.plausible import clock_tick  # plausible imports this module
 
     try:
-        return max(await asyncio.wait_for(clock_tick(ctx.bus), 5.0) or 0, 0)
+        tick = await asyncio.wait_for(clock_tick(ctx.bus), 5.0)
+        return max(tick or 0, 0)
     except Exception:
         return 0
 

@@ -15,15 +15,24 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from koi.calibrate import OUTCOMES
 from koi.catalog import load_catalog
-from koi.planner.tick import TickReport
+from koi.planner.tick import KoiSettings, TickReport
 from koi.policies import make_policy
 from koi.scenario import load_scenario
 from koi.scenario.types import Scenario
+
+
+@runtime_checkable
+class _Reporting(Protocol):
+    """A Koi-family policy: it keeps its per-tick planner reports and its settings."""
+
+    settings: KoiSettings
+    reports: list[TickReport]
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,7 @@ def replay(scenario: Scenario | str, policy: str = "koi", seed: int = 1, *,
     scn = load_scenario(scenario) if isinstance(scenario, str) else scenario
     cat = load_catalog()
     pol = make_policy(policy, catalog=cat, seed=seed)
-    if not hasattr(pol, "reports"):
+    if not isinstance(pol, _Reporting):
         raise ValueError(f"{policy!r} keeps no planner reports; use koi or an ablation")
     pol.prepare(scn, seed)
     sim = Simulator(scn, seed=seed, catalog=cat)

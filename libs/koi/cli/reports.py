@@ -232,7 +232,7 @@ def planner_demo(console: Console, horizon_s: float = 1200.0) -> None:
     """Koi against a naive first-fit on the first minutes of hetero-3h, in-process."""
     import dataclasses
 
-    from rich.progress import Progress
+    from rich.progress import Progress, TaskID
 
     from koi.bench.report import rich_table, summarise
     from koi.bench.runner import run_once
@@ -247,8 +247,11 @@ def planner_demo(console: Console, horizon_s: float = 1200.0) -> None:
     with Progress(console=console, transient=True) as progress:
         for policy in ("fcfs-first-fit", "koi"):
             task = progress.add_task(policy, total=scn.ticks)
-            results.append(run_once(scn, policy, 1, on_tick=lambda d, n, task=task:
-                                    progress.update(task, completed=d)))
+
+            def advance(done: int, total: int, task: TaskID = task) -> None:
+                progress.update(task, completed=done)
+
+            results.append(run_once(scn, policy, 1, on_tick=advance))
     console.print(rich_table(summarise(results)))
     koi_events = [e for e in results[-1].record.events if e.kind in ("launch", "swap",
                                                                       "relaunch", "reject")]

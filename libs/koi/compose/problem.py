@@ -197,8 +197,10 @@ def build_problem(inp: ComposeInput) -> Problem:
     density = net / gpr
     kept = _prune(profitable, job_of, off_of, density, table.is_current, inp.top_k,
                   _groups(table))
+    # numpy's stub types any(axis=...) as bool | array: it cannot see that held is 2-D
+    holds: np.ndarray = held.any(axis=1)  # type: ignore[assignment]
     return Problem(jobs=jobs, table=table, offerings=offerings, free=free, avail=avail,
-                   room=room, held=held, extra=extra, holds=held.any(axis=1), demand=demand,
+                   room=room, held=held, extra=extra, holds=holds, demand=demand,
                    ahead=ahead, ahead_share=w.ahead, value=value, job_of=job_of,
                    off_of=off_of, cap=cap, a=a, cost=cost, churn=churn, lo=lo, hi=hi,
                    hi_at_pace=hi_at_pace, fits=fits, profitable=profitable,

@@ -80,15 +80,15 @@ class CandidateTable:
     feasible_slo: np.ndarray      # bool
     configs: tuple[DeploymentConfig | None, ...] = ()   # () or one per row
     labels: tuple[str, ...] = ()                        # () or one per row
-    # bool; None = all False. True where the row keeps the job's running deployment on
-    # its offering (it stays, scales or relaunches in place, on the GPUs it holds). Any
-    # other row is a make-before-break move: the job keeps holding what it holds now
-    # (``JobDemand.held_gpus``) until the new deployment serves.
-    in_place: np.ndarray | None = None
+    # bool; empty (the default) = all False. True where the row keeps the job's running
+    # deployment on its offering (it stays, scales or relaunches in place, on the GPUs it
+    # holds). Any other row is a make-before-break move: the job keeps holding what it
+    # holds now (``JobDemand.held_gpus``) until the new deployment serves.
+    in_place: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     def __post_init__(self) -> None:
         n = len(self.job_id)
-        if self.in_place is None:
+        if len(self.in_place) == 0:
             object.__setattr__(self, "in_place", np.zeros(n, dtype=bool))
         for name in ("candidate_id", "offering", "gpus_per_replica", "goodput_tok_s",
                      "usd_per_hour", "max_rate_rps", "slo_risk", "preemption_exposure",

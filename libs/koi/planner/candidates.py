@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from typing import TypedDict
 
 import numpy as np
 
@@ -35,6 +36,18 @@ VALUE_PER_TOK = 1e-4  # objective units ($) per served token at priority 5
 # there (online: within the job's SLO; batch: saturated); pairs left out are not offered
 Measured = Mapping[tuple[int, str], tuple[float, float]]
 Measure = Callable[[Evaluated, ClusterSnapshot], Measured]
+
+
+class _DemandFields(TypedDict):
+    """The ``JobDemand`` fields ``job_demands`` sets alike for online and batch jobs."""
+
+    priority: int
+    value_per_tok: float
+    max_replicas: int
+    currently_placed: bool
+    best_infeasible_reason: str
+    held_gpus: Mapping[str, int]
+    keeps_gpus_unplaced: bool
 
 
 def job_loads(jobs: Sequence[JobStatus], snapshot: ClusterSnapshot,
@@ -177,11 +190,12 @@ def job_demands(jobs: Sequence[JobStatus], loads: Mapping[str, JobLoad],
         held: dict[str, int] = defaultdict(int)
         for d in live.get(job.id, []):
             held[d.offering] += d.gpus
-        common = {"priority": spec.priority, "value_per_tok": VALUE_PER_TOK,
-                  "max_replicas": MAX_REPLICAS, "currently_placed": bool(live.get(job.id)),
-                  "best_infeasible_reason": reasons.get(job.id, ""),
-                  # the placer leaves a deferred online job serving and drains a batch one
-                  "held_gpus": dict(held), "keeps_gpus_unplaced": isinstance(spec, OnlineJob)}
+        common: _DemandFields = {
+            "priority": spec.priority, "value_per_tok": VALUE_PER_TOK,
+            "max_replicas": MAX_REPLICAS, "currently_placed": bool(live.get(job.id)),
+            "best_infeasible_reason": reasons.get(job.id, ""),
+            # the placer leaves a deferred online job serving and drains a batch one
+            "held_gpus": dict(held), "keeps_gpus_unplaced": isinstance(spec, OnlineJob)}
         if isinstance(spec, BatchJob):
             remaining = batch_tokens_left(job)
             time_left = spec.submit_s + spec.deadline_s - snapshot.time_s

@@ -184,7 +184,8 @@ def _mediator_priority(cfg: DeploymentConfig, current: DeploymentConfig | None,
                        hints: Hints | None, catalog: Catalog) -> tuple[float, list[str]]:
     """How strongly the running deployment's mediators point at this candidate, and the
     words for why."""
-    score, reasons = 0.0, []
+    score = 0.0
+    reasons: list[str] = []
     if current is None or hints is None:
         return score, reasons
     same_part = cfg.accelerator == current.accelerator

@@ -137,8 +137,8 @@ class RegressAutoscale(BestFixed):
                telemetry: Sequence[DeploymentTelemetry]) -> PlanDecision:
         self.observe(snapshot, telemetry)
         actions: list[Action] = []
-        for job in snapshot.jobs:
-            actions.extend(housekeeping_stops(job, snapshot))
+        for each in snapshot.jobs:
+            actions.extend(housekeeping_stops(each, snapshot))
         ledger = CapacityLedger(snapshot, self.catalog)
         jobs = {j.id: j for j in snapshot.jobs}
         for dep in snapshot.deployments:

@@ -116,7 +116,11 @@ class Evolve(Policy):
         offers = ledger.known_offerings()
         names = [o.id for o in offers]
         cap = {c.offering: c.total_gpus for c in snapshot.capacity}
-        start, count, shape, offering, rows = [], [], [], [], []
+        start: list[int] = []
+        count: list[int] = []
+        shape: list[DeploymentConfig] = []
+        offering: list[str] = []
+        rows: list[tuple[int, float, int, float, float, bool]] = []
         for job in jobs:
             prof = profiles[job.id]
             start.append(len(shape))

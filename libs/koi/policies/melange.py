@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -96,7 +97,7 @@ def profile_columns(jobs: Sequence[JobStatus], profiles: dict[str, Profile],
 
 
 def solve_mix(cols: Sequence[Column], demands: Sequence[float],
-              capacity: dict[str, int], current: set[tuple[int, str, tuple]] = frozenset(),
+              capacity: dict[str, int], current: AbstractSet[tuple[int, str, tuple]] = frozenset(),
               time_limit_s: float = ILP_TIME_LIMIT_S,
               max_replicas: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(replicas per column, shortfall per job) of the cost-minimal mix (see module doc),

@@ -11,18 +11,34 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import partial
+from typing import Literal
 
 from koi.catalog import load_catalog
 from koi.sim.calibration import Row, load_rows, simulate_row
 from koi.sim.world import WorldParams, load_world
 
 GRID = (0.3, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.97)
+Knob = Literal["mem_eff", "comp_eff"]
+KNOBS: tuple[Knob, ...] = ("mem_eff", "comp_eff")
 
 
 def _loss(rows: list[Row], world: WorldParams) -> float:
     cat = load_catalog()
     errs = [min(abs(math.log(simulate_row(r, cat, world) / r.value)), 1.0) for r in rows]
     return sum(errs) / len(errs)
+
+
+def _with(world: WorldParams, knob: Knob, accel: str, value: float) -> WorldParams:
+    """``world`` with ``knob[accel]`` set to ``value``."""
+    if knob == "mem_eff":
+        return replace(world, mem_eff={**world.mem_eff, accel: value})
+    return replace(world, comp_eff={**world.comp_eff, accel: value})
+
+
+def _loss_with(rows: list[Row], world: WorldParams, knob: Knob, accel: str,
+               value: float) -> float:
+    return _loss(rows, _with(world, knob, accel, value))
 
 
 def fit(sweeps: int = 1) -> WorldParams:
@@ -33,10 +49,9 @@ def fit(sweeps: int = 1) -> WorldParams:
         by_accel.setdefault(r.cfg.accelerator, []).append(r)
     for _ in range(sweeps):
         for accel, sub in sorted(by_accel.items()):
-            for name in ("mem_eff", "comp_eff"):
-                best = min(GRID, key=lambda v, n=name, a=accel: _loss(
-                    sub, replace(world, **{n: {**getattr(world, n), a: v}})))
-                world = replace(world, **{name: {**getattr(world, name), accel: best}})
+            for knob in KNOBS:
+                best = min(GRID, key=partial(_loss_with, sub, world, knob, accel))
+                world = _with(world, knob, accel, best)
     return world
 
 

@@ -9,6 +9,7 @@ it. No routing across replicas, no fleet logic, no ``koi.predictor`` imports.
 from __future__ import annotations
 
 from collections import deque
+from functools import partial
 
 import numpy as np
 
@@ -175,24 +176,24 @@ class JobState:
 
     def outcome(self, horizon_s: float, queued_reqs: float) -> JobOutcome:
         spec = self.spec
-        common = dict(job_id=spec.id, kind=spec.kind, model=spec.model,
-                      submitted=spec.submit_s < horizon_s, admitted=self.admitted,
-                      rejected=self.rejected, reason=self.reason)
+        record = partial(JobOutcome, job_id=spec.id, kind=spec.kind, model=spec.model,
+                         submitted=spec.submit_s < horizon_s, admitted=self.admitted,
+                         rejected=self.rejected, reason=self.reason)
         if isinstance(spec, BatchJob):
-            return JobOutcome(**common, served_requests=self.served,
-                              served_output_tokens=self.served_tokens,
-                              queued_at_end=spec.num_requests - self.served,
-                              tokens_requested=float(spec.total_output_tokens),
-                              tokens_by_deadline=self.tokens_by_deadline,
-                              tokens_processed=self.tokens_processed)
-        return JobOutcome(**common, offered_requests=self.offered,
-                          offered_output_tokens=self.offered_tokens,
-                          served_requests=self.served,
-                          dropped_requests=sum(self.dropped.values()),
-                          ttft_met_requests=self.ttft_met, tpot_met_requests=self.tpot_met,
-                          good_output_tokens=self.good_tokens,
+            return record(served_requests=self.served,
                           served_output_tokens=self.served_tokens,
-                          queued_at_end=queued_reqs)
+                          queued_at_end=spec.num_requests - self.served,
+                          tokens_requested=float(spec.total_output_tokens),
+                          tokens_by_deadline=self.tokens_by_deadline,
+                          tokens_processed=self.tokens_processed)
+        return record(offered_requests=self.offered,
+                      offered_output_tokens=self.offered_tokens,
+                      served_requests=self.served,
+                      dropped_requests=sum(self.dropped.values()),
+                      ttft_met_requests=self.ttft_met, tpot_met_requests=self.tpot_met,
+                      good_output_tokens=self.good_tokens,
+                      served_output_tokens=self.served_tokens,
+                      queued_at_end=queued_reqs)
 
 
 def batch_group(spec: ReplicaSpec, inp: int, out: int) -> float:
