@@ -6,6 +6,9 @@
   and their ratio. The bus run's metrics are checked equal to the in-process ones.
 * scale-out — the bus run with 1 and with N evaluator replicas; the evaluate stage's
   seconds per tick are read from the evaluators' JSON logs (``evaluated`` lines).
+* telemetry — the same bus run with the sim publishing its telemetry (protobuf on the
+  bus) and with the sim serving engine ``/metrics`` pages that engine-metrics scrapes
+  (``telemetry_paths``): the scores, and the ticks whose decisions agree.
 """
 
 from __future__ import annotations
@@ -49,15 +52,55 @@ class ScaleOutResult:
 
 
 def bus_once(scenario: str, seed: int, horizon_s: float | None,
-             replicas: dict[str, int] | None = None, *, secure: bool = False
-             ) -> BusRunResult:
+             replicas: dict[str, int] | None = None, *, secure: bool = False,
+             telemetry: str = "bus") -> BusRunResult:
     """One bus run on fresh servers; ``secure``: NATS with TLS and a user per service
-    (as ``koi demo`` runs), else plain (the figures in docs/BENCHMARKS.md)."""
+    (as ``koi demo`` runs), else plain (the figures in docs/BENCHMARKS.md);
+    ``telemetry``: ``bus`` (the sim publishes it) or ``http`` (engine pages scraped)."""
     logs = Path(tempfile.mkdtemp(prefix="koi-bench-bus-"))
     with start_nats(store_dir=logs / "js", secure=secure) as nats, start_valkey() as cache:
         return BusRun(nats.url, logs / "logs", scenario, seed, horizon_s, cache.url,
                       replicas=dict(replicas or {}), timeout_s=3600,
-                      security=nats.security).run()
+                      security=nats.security, telemetry=telemetry).run()
+
+
+@dataclass(frozen=True)
+class TelemetryPaths:
+    scenario: str
+    seed: int
+    ticks: int
+    score: dict[str, float]        # "bus" | "http" → overall score
+    wall_s: dict[str, float]
+    same_ticks: int                # ticks whose actions are identical in both runs
+    first_difference: int | None   # the first tick whose actions differ
+
+    @property
+    def difference(self) -> float:
+        return self.score["http"] - self.score["bus"]
+
+
+def same_decisions(a: BusRunResult, b: BusRunResult) -> tuple[int, int | None]:
+    """(ticks with identical actions, the first tick that differs or None)."""
+    ticks = sorted(set(a.decisions) | set(b.decisions))
+    same = [t for t in ticks if t in a.decisions and t in b.decisions
+            and a.decisions[t].actions == b.decisions[t].actions]
+    differ = [t for t in ticks if t not in same]
+    return len(same), (differ[0] if differ else None)
+
+
+def telemetry_paths(scenario: str, seed: int, horizon_s: float | None,
+                    progress: Callable[[str], None] = lambda _: None) -> TelemetryPaths:
+    """One bus run with each telemetry path (``bus_once``), compared."""
+    runs = {}
+    for path in ("bus", "http"):
+        runs[path] = bus_once(scenario, seed, horizon_s, telemetry=path)
+        progress(f"telemetry over {path}: score "
+                 f"{runs[path].summary.metrics['overall_score']:.2f}, "
+                 f"{runs[path].wall_s:.0f} s")
+    same, first = same_decisions(runs["bus"], runs["http"])
+    return TelemetryPaths(scenario, seed, runs["bus"].summary.ticks,
+                          {k: r.summary.metrics["overall_score"] for k, r in runs.items()},
+                          {k: r.wall_s for k, r in runs.items()}, same, first)
 
 
 def overhead(scenario: str, seed: int, horizon_s: float | None, runs: int,

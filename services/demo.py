@@ -27,7 +27,7 @@ from koi.v1 import bus_pb2, events_pb2, work_pb2
 from koi.wire.planning import event_line
 from services.runtime.bus import delete_koi_state
 from services.runtime.embedded import start_nats, start_valkey
-from services.runtime.launcher import ALL, Supervisor
+from services.runtime.launcher import Supervisor, services_for
 from services.runtime.permissions import ADMIN
 from services.runtime.security import connect_nats
 from services.runtime.settings import NatsAuth, env
@@ -112,10 +112,12 @@ async def _monitor(nats_url: str, console: Console, timeout_s: float,
 
 
 def run_demo(*, scenario: str, seed: int, horizon_s: float | None, timeout_s: float,
-             console: Console, secure: bool = True) -> int:
+             console: Console, secure: bool = True, telemetry: str = "bus") -> int:
     """``secure``: the embedded NATS requires TLS and a user per service (the demo itself
     connects as admin). An external NATS (``KOI_NATS_URL``) is used with the credentials
-    the environment gives (``KOI_NATS_USER`` …), by the demo and every service alike."""
+    the environment gives (``KOI_NATS_USER`` …), by the demo and every service alike.
+    ``telemetry="http"``: the sim serves engine /metrics pages and engine-metrics reads
+    them, instead of the sim publishing its telemetry."""
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="koi-demo-")))
         nats_url = env("KOI_NATS_URL") if _given("KOI_NATS_URL") else None
@@ -138,10 +140,13 @@ def run_demo(*, scenario: str, seed: int, horizon_s: float | None, timeout_s: fl
                    "KOI_SCENARIO": scenario, "KOI_SEED": str(seed),
                    "KOI_HORIZON_S": "" if horizon_s is None else str(horizon_s),
                    "KOI_LOG_LEVEL": env("KOI_LOG_LEVEL"), "KOI_GRPC_ADDR": "127.0.0.1:0"}
+        if telemetry == "http":
+            environ["KOI_SIM_METRICS_PORT"] = "0"
+        services = services_for(environ)
         sup = stack.enter_context(Supervisor(
             environ, tmp / "logs",
-            service_env=security.service_env(ALL) if security is not None else {}))
-        sup.start()
+            service_env=security.service_env(services) if security is not None else {}))
+        sup.start(services)
         sup.watch()
         console.print(f"services started ({len(sup.children)} processes; logs in "
                       f"{tmp / 'logs'})")

@@ -21,7 +21,7 @@ from koi.cluster import PlanDecision
 from koi.v1 import bus_pb2, work_pb2
 from koi.wire import planning
 from services.runtime.bus import Bus
-from services.runtime.launcher import ALL, Supervisor
+from services.runtime.launcher import Supervisor, services_for
 from services.runtime.permissions import ADMIN
 from services.runtime.security import Security, connect_nats
 from services.runtime.settings import NatsAuth
@@ -53,10 +53,15 @@ class BusRun:
     # a ``Security`` (a secure NATS): each service then runs as its own NATS user, and
     # this run reads the results back as admin
     security: Security | None = None
+    # "bus": the sim publishes telemetry; "http": it serves engine /metrics pages and the
+    # engine-metrics service scrapes them (DESIGN §9)
+    telemetry: str = "bus"
 
     def __post_init__(self) -> None:
+        if self.telemetry not in ("bus", "http"):
+            raise ValueError(f"telemetry {self.telemetry!r}: bus or http")
         if self.security is not None:
-            for name, own in self.security.service_env(ALL).items():
+            for name, own in self.security.service_env(self.services()).items():
                 self.service_env[name] = {**own, **self.service_env.get(name, {})}
 
     def _auth(self) -> NatsAuth | None:
@@ -67,13 +72,17 @@ class BusRun:
                 "KOI_SCENARIO": self.scenario, "KOI_SEED": str(self.seed),
                 "KOI_HORIZON_S": "" if self.horizon_s is None else repr(self.horizon_s),
                 "KOI_GRPC_ADDR": "127.0.0.1:0", "KOI_LOG_LEVEL": "info",
+                **({"KOI_SIM_METRICS_PORT": "0"} if self.telemetry == "http" else {}),
                 **self.extra_env}
+
+    def services(self) -> tuple[str, ...]:
+        return services_for(self.env())
 
     def run(self, on_tick: TickHook | None = None) -> BusRunResult:
         with Supervisor(self.env(), self.log_dir, dict(self.replicas),
                         service_env=dict(self.service_env)) as sup:
             t0 = time.perf_counter()
-            sup.start(ALL)
+            sup.start(self.services())
             sup.watch(0.2)
             summary = asyncio.run(self._wait(sup, on_tick))
             wall = time.perf_counter() - t0

@@ -49,6 +49,16 @@ _DIE_WITH_PARENT = _die_with_parent_fn()
 # the tick pipeline's order; planner-api is a read model beside it
 ALL = ("placer", "causal-store", "telemetry-ingest", "proposer", "evaluator", "planner-api",
        "sim")
+ENGINE_METRICS = "engine-metrics"
+
+
+def services_for(env: dict[str, str]) -> tuple[str, ...]:
+    """The services a run with these variables needs: ``ALL``, and engine-metrics when
+    the telemetry is read from engines' pages (the sim serves them, a targets list or a
+    Prometheus is given) rather than published by the sim."""
+    engines = (env.get("KOI_SIM_METRICS_PORT") or env.get("KOI_METRICS_TARGETS_URL")
+               or env.get("KOI_METRICS_SOURCE") == "prometheus")
+    return (*ALL[:-1], ENGINE_METRICS, ALL[-1]) if engines else ALL
 
 
 @dataclass
@@ -96,7 +106,7 @@ class Supervisor:
 
     def poll(self) -> list[str]:
         """Restart every child that exited; returns the ones restarted."""
-        restarted = []
+        restarted: list[str] = []
         with self._lock:
             if self.stopping:
                 return restarted

@@ -60,6 +60,7 @@ DURABLES: dict[str, tuple[tuple[str, str], ...]] = {
     "proposer": ((subjects.STREAM_TICKS, "proposer"),),
     "evaluator": ((subjects.STREAM_TICKS, "evaluator"),),
     "placer": ((subjects.STREAM_TICKS, "placer"), (subjects.STREAM_TICKS, "placer-deadline")),
+    "engine-metrics": ((subjects.STREAM_TICKS, "engine-metrics"),),
 }
 # request/reply subjects and the one role that answers each
 RESPONDERS: dict[str, str] = {
@@ -135,13 +136,16 @@ def _own_publishes() -> dict[str, list[str]]:
         "telemetry-ingest": [tick("observations"), telemetry],
         "causal-store": [tick("causal"),
                          kv_subject(subjects.KV_CAUSAL, subjects.KEY_CAUSAL_STATE)],
-        "proposer": [tick("candidates"), subjects.WORK_PROPOSE],
+        # candidates, and the hypothesis rounds it runs (every service may read them)
+        "proposer": [tick("candidates"), tick(subjects.HYPOTHESES), subjects.WORK_PROPOSE],
         "evaluator": [tick("plan"), subjects.WORK_EVALUATE,
                       kv_subject(subjects.KV_PLAN, KEY_EVALUATOR_CACHE)],
         "placer": [tick("actions"), accepted,
                    kv_subject(subjects.KV_PLAN, subjects.KEY_LATEST_PLAN),
                    kv_subject(subjects.KV_LEASES, subjects.KEY_PLACER_LEASE)],
         "planner-api": [kv_subject(subjects.KV_PLAN, KEY_PLANNER_API_ADDR)],
+        # the engine adapter: a tick's telemetry read from the engines (snapshots in)
+        "engine-metrics": [telemetry],
     }
 
 

@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 # name → (default, meaning)
 ENV: dict[str, tuple[str, str]] = {
@@ -46,7 +47,59 @@ ENV: dict[str, tuple[str, str]] = {
     "KOI_REPLICA": ("0", "replica index of this process (queue groups, leader election)"),
     "KOI_LEASE_TTL_S": ("5", "placer leader lease: seconds before a standby takes over"),
     "KOI_EVAL_SHARD": ("2000", "candidates per evaluator work item"),
+    "KOI_SIM_METRICS_PORT": ("", "sim: serve each simulated replica's engine /metrics page and"
+                             " a Prometheus http_sd /targets on 127.0.0.1 at this port (0 ="
+                             " any free port; the URL is in KV koi_sim/metrics) and leave the"
+                             " telemetry to engine-metrics; empty = off"),
+    "KOI_METRICS_SOURCE": ("scrape", "engine-metrics: scrape (read the pages the targets list)"
+                           " | prometheus (ask KOI_PROMETHEUS_URL)"),
+    "KOI_METRICS_TARGETS_URL": ("", "engine-metrics: Prometheus http_sd JSON listing the replica"
+                                " pages; empty = the sim's /targets when it serves them, else"
+                                " idle"),
+    "KOI_PROMETHEUS_URL": ("", "engine-metrics with KOI_METRICS_SOURCE=prometheus: the server's"
+                           " base URL, e.g. http://prometheus:9090"),
+    "KOI_SCRAPE_TIMEOUT_S": ("2", "engine-metrics: seconds for one page, targets list or query"),
+    "KOI_SCRAPE_CONCURRENCY": ("8", "engine-metrics: pages (or queries) read at once"),
 }
+# The proposer's language-model hypothesis layer (docs/RLM.md): koi.rlm.settings.RlmSettings
+# reads and checks these itself (RlmSettings.from_env; every field is one variable, and
+# tests/unit/test_rlm_wiring.py checks the two agree). Off unless a model is named.
+ENV.update({
+    "KOI_RLM_BASE_URL": ("", "OpenAI-compatible endpoint (vLLM :8000/v1, Ollama :11434/v1, a"
+                         " hosted API); with KOI_RLM_MODEL it turns the layer on"),
+    "KOI_RLM_MODEL": ("", "model name the endpoint serves; empty = no hypothesis rounds"),
+    "KOI_RLM_ENABLED": ("false", "true: rounds on the default URL (http://localhost:8000/v1)"
+                        " when only KOI_RLM_MODEL is set"),
+    "KOI_RLM_API_KEY": ("", "bearer key (prefer KOI_RLM_API_KEY_FILE); empty for local servers"),
+    "KOI_RLM_API_KEY_FILE": ("", "file holding that key (a mounted Secret)"),
+    "KOI_RLM_TRANSCRIPTS": ("", "directory for each round's transcript (koi rlm replay);"
+                            " empty = none"),
+    "KOI_RLM_STRUCTURED_OUTPUT": ("true", "ask for the answer by response_format json_schema"),
+    "KOI_RLM_TEMPERATURE": ("0.0", "sampling temperature"),
+    "KOI_RLM_CALL_TIMEOUT_S": ("60.0", "wall-clock limit of one model call"),
+    "KOI_RLM_ROUND_WALL_S": ("180.0", "wall-clock limit of a whole round"),
+    "KOI_RLM_MAX_COMPLETION_TOKENS": ("2048", "completion tokens one call may produce"),
+    "KOI_RLM_MAX_TOKENS_PER_CALL": ("32000", "prompt + completion tokens of one call"),
+    "KOI_RLM_MAX_TOKENS_PER_ROUND": ("120000", "tokens a round may spend, all depths"),
+    "KOI_RLM_MAX_TOKENS_PER_HOUR": ("600000", "tokens the layer may spend per hour"),
+    "KOI_RLM_USD_PER_1K_PROMPT_TOKENS": ("0.0", "price of 1k prompt tokens ($)"),
+    "KOI_RLM_USD_PER_1K_COMPLETION_TOKENS": ("0.0", "price of 1k completion tokens ($)"),
+    "KOI_RLM_MAX_USD_PER_ROUND": ("1.0", "dollars a round may spend"),
+    "KOI_RLM_MAX_USD_PER_HOUR": ("5.0", "dollars the layer may spend per hour"),
+    "KOI_RLM_MAX_CALLS_PER_ROUND": ("16", "model calls a round may make, all depths"),
+    "KOI_RLM_MAX_CALLS_PER_HOUR": ("240", "model calls the layer may make per hour"),
+    "KOI_RLM_MAX_TOOL_CALLS_PER_ROUND": ("24", "tool calls a round may answer"),
+    "KOI_RLM_MAX_DEPTH": ("2", "deepest sub-model level (0-2)"),
+    "KOI_RLM_CACHE_ENTRIES": ("128", "replies kept for identical requests"),
+    "KOI_RLM_CONTEXT_MAX_CHARS": ("24000", "size cap of the fleet context (JSON characters)"),
+    "KOI_RLM_MAX_HYPOTHESES": ("8", "hypotheses a round may propose"),
+    "KOI_RLM_MAX_TTL_TICKS": ("120", "furthest a hypothesis may expire after its round"),
+    "KOI_RLM_MAX_CANDIDATES_PER_JOB": ("8", "extra candidates hypotheses add per job and tick"),
+    "KOI_RLM_TRIGGER_PERIOD_TICKS": ("30", "run a round at least every K ticks"),
+    "KOI_RLM_BREACH_STREAK_TICKS": ("3", "SLO-breaching ticks in a row that trigger a round"),
+    "KOI_RLM_RESIDUAL_SHIFT": ("0.25", "shift of a median |log residual| that triggers one"),
+    "KOI_RLM_COOLDOWN_TICKS": ("3", "ticks after a round before the next may run"),
+})
 
 # numeric variables: name → (type, lowest, highest), both ends allowed
 BOUNDS: dict[str, tuple[type, float, float]] = {
@@ -57,7 +110,11 @@ BOUNDS: dict[str, tuple[type, float, float]] = {
     "KOI_REPLICA": (int, 0, 10_000),
     "KOI_LEASE_TTL_S": (float, 0.1, 3600.0),
     "KOI_EVAL_SHARD": (int, 1, 10_000_000),
+    "KOI_SIM_METRICS_PORT": (int, 0, 65535),
+    "KOI_SCRAPE_TIMEOUT_S": (float, 1e-2, 300.0),
+    "KOI_SCRAPE_CONCURRENCY": (int, 1, 256),
 }
+METRICS_SOURCES = ("scrape", "prometheus")
 _USER = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -141,6 +198,22 @@ def grpc_health_addr(raw: str, grpc_addr: str) -> str:
     return raw
 
 
+def http_url(name: str, raw: str) -> str:
+    """``raw`` as an http(s) URL with a host ("" = unset)."""
+    if not raw:
+        return ""
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{name}={redact_url(raw)!r} is not an http:// or https:// URL")
+    return raw
+
+
+def metrics_source(raw: str) -> str:
+    if raw not in METRICS_SOURCES:
+        raise ValueError(f"KOI_METRICS_SOURCE={raw!r}: one of {', '.join(METRICS_SOURCES)}")
+    return raw
+
+
 def grpc_token(token: str, token_file: str) -> str:
     """planner-api's bearer token, from the variable or the file (not both); "" = none."""
     if token and token_file:
@@ -177,6 +250,13 @@ class ServiceSettings:
     grpc_tls_key: str = ""
     grpc_token: str = field(default="", repr=False)
     grpc_health_addr: str = ""
+    sim_metrics_port: int | None = None
+    metrics_source: str = "scrape"
+    # URLs may carry credentials (user:password@): kept out of the repr
+    metrics_targets_url: str = field(default="", repr=False)
+    prometheus_url: str = field(default="", repr=False)
+    scrape_timeout_s: float = 2.0
+    scrape_concurrency: int = 8
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> ServiceSettings:
@@ -184,6 +264,7 @@ class ServiceSettings:
             return env(name, environ)
 
         horizon, fraction = get("KOI_HORIZON_S"), get("KOI_SAMPLE_FRACTION")
+        port = get("KOI_SIM_METRICS_PORT")
         return ServiceSettings(
             nats_url=get("KOI_NATS_URL"), redis_url=get("KOI_REDIS_URL"),
             scenario=get("KOI_SCENARIO"), seed=int(number("KOI_SEED", get("KOI_SEED"))),
@@ -202,7 +283,15 @@ class ServiceSettings:
             grpc_tls_cert=get("KOI_GRPC_TLS_CERT"), grpc_tls_key=get("KOI_GRPC_TLS_KEY"),
             grpc_token=grpc_token(get("KOI_GRPC_TOKEN"), get("KOI_GRPC_TOKEN_FILE")),
             grpc_health_addr=grpc_health_addr(get("KOI_GRPC_HEALTH_ADDR"),
-                                              get("KOI_GRPC_ADDR")))
+                                              get("KOI_GRPC_ADDR")),
+            sim_metrics_port=int(number("KOI_SIM_METRICS_PORT", port)) if port else None,
+            metrics_source=metrics_source(get("KOI_METRICS_SOURCE")),
+            metrics_targets_url=http_url("KOI_METRICS_TARGETS_URL",
+                                         get("KOI_METRICS_TARGETS_URL")),
+            prometheus_url=http_url("KOI_PROMETHEUS_URL", get("KOI_PROMETHEUS_URL")),
+            scrape_timeout_s=float(number("KOI_SCRAPE_TIMEOUT_S", get("KOI_SCRAPE_TIMEOUT_S"))),
+            scrape_concurrency=int(number("KOI_SCRAPE_CONCURRENCY",
+                                          get("KOI_SCRAPE_CONCURRENCY"))))
 
 
 # service name (as `koi serve NAME` takes it) → module under services/
@@ -214,4 +303,5 @@ SERVICES: dict[str, str] = {
     "evaluator": "services.evaluator.main",
     "placer": "services.placer.main",
     "planner-api": "services.planner_api.main",
+    "engine-metrics": "services.engine_metrics.main",
 }

@@ -6,6 +6,13 @@ just simulated on ``koi.telemetry.<n>``, announces the scenario's jobs that arri
 advances. Jobs accepted on ``koi.jobs.accepted.>`` join at the next
 tick boundary; their messages are acked only once a published snapshot holds them.
 
+With ``KOI_SIM_METRICS_PORT`` set it speaks the engines' protocol instead of publishing
+telemetry: every simulated replica gets an engine ``/metrics`` page
+(``koi.fleet.sim_pages``), updated with the tick just simulated *before* the next
+snapshot goes out, served on loopback with a Prometheus ``http_sd`` ``/targets``
+(``services/sim/metrics_http.py``; its URL in KV ``koi_sim/metrics``), and the
+engine-metrics service (or a real Prometheus) reads them.
+
 Restart-safe by replay: the simulator is deterministic given its seed, the actions and
 the jobs, all of which are in the tick stream, so a restarted sim re-applies the stored
 actions of every finished tick, re-injecting the jobs each stored snapshot held, and
@@ -31,6 +38,7 @@ from functools import partial
 
 from koi import subjects
 from koi.cluster import ClusterSnapshot, DeploymentTelemetry, JobStatus, PlanDecision
+from koi.fleet.sim_pages import SimulatedEngines
 from koi.jobs import JobSpec
 from koi.metrics import metrics_for
 from koi.scenario import load_scenario
@@ -38,10 +46,13 @@ from koi.sim.simulator import QUARANTINED, Simulator
 from koi.v1 import bus_pb2, work_pb2
 from koi.wire import codec, planning
 from services.runtime.app import ServiceContext, main, ready_key
+from services.sim.metrics_http import PageServer
 
 NAME = "sim"
 KEY_SUMMARY = "summary"
+KEY_METRICS = "metrics"   # the page server's base URL, "" when it serves none
 JOBS_DURABLE = "sim-jobs"
+ENGINE_METRICS = "engine-metrics"
 
 
 def build_simulator(ctx: ServiceContext) -> Simulator:
@@ -53,8 +64,11 @@ def build_simulator(ctx: ServiceContext) -> Simulator:
                      catalog=ctx.catalog)
 
 
-async def replay(ctx: ServiceContext, sim: Simulator) -> list[DeploymentTelemetry]:
-    """Re-apply every finished tick stored on the bus; returns the last telemetry."""
+async def replay(ctx: ServiceContext, sim: Simulator,
+                 engines: SimulatedEngines | None = None) -> list[DeploymentTelemetry]:
+    """Re-apply every finished tick stored on the bus; returns the last telemetry.
+    ``engines`` (pages served) are fed every replayed tick, so a restarted sim's pages
+    carry on from where the last process left them."""
     telemetry: list[DeploymentTelemetry] = []
     snap = await _stored_snapshot(ctx, sim.tick)
     while not sim.done and snap is not None:
@@ -73,6 +87,8 @@ async def replay(ctx: ServiceContext, sim: Simulator) -> list[DeploymentTelemetr
         if snap is not None:
             _requarantine(sim, snap)
         telemetry = sim.advance()
+        if engines is not None:
+            engines.update(sim.snapshot(), telemetry)
     if sim.tick:
         ctx.log.info("sim_replayed", ticks=sim.tick, quarantined=len(sim.quarantined))
     return telemetry
@@ -179,11 +195,11 @@ async def claim_run(ctx: ServiceContext, sim: Simulator) -> None:
                          "(`koi demo` does on an external NATS)")
 
 
-async def wait_ready(ctx: ServiceContext) -> None:
+async def wait_ready(ctx: ServiceContext, pipeline: tuple[str, ...] = PIPELINE) -> None:
     """Before the first tick: wait (up to a stage deadline) until every pipeline service
     has said it runs, so a short deadline does not degrade tick 0 while they start."""
     deadline = time.monotonic() + ctx.settings.stage_deadline_s
-    missing = list(PIPELINE)
+    missing = list(pipeline)
     while missing and time.monotonic() < deadline and not ctx.stopping.is_set():
         missing = [m for m in missing
                    if await ctx.bus.kv_get(subjects.KV_SIM, ready_key(m)) is None]
@@ -193,13 +209,38 @@ async def wait_ready(ctx: ServiceContext) -> None:
         ctx.log.warning("starting_without", services=missing)
 
 
+async def serve_pages(ctx: ServiceContext) -> tuple[SimulatedEngines, PageServer] | None:
+    """Start the page server if ``KOI_SIM_METRICS_PORT`` asks for one, and say where it
+    is in KV (an empty value when not serving, so no reader believes an old address)."""
+    port = ctx.settings.sim_metrics_port
+    if port is None:
+        await ctx.bus.kv_put(subjects.KV_SIM, KEY_METRICS, b"")
+        return None
+    server = PageServer("127.0.0.1", port)
+    addr = server.start()
+    await ctx.bus.kv_put(subjects.KV_SIM, KEY_METRICS, f"http://{addr}".encode())
+    ctx.log.info("sim_metrics_serving", targets=f"http://{addr}/targets")
+    return SimulatedEngines(), server
+
+
 async def run(ctx: ServiceContext) -> None:
     sim = build_simulator(ctx)
     await claim_run(ctx, sim)
+    served = await serve_pages(ctx)
+    try:
+        await _run(ctx, sim, served)
+    finally:
+        if served is not None:
+            served[1].stop()
+
+
+async def _run(ctx: ServiceContext, sim: Simulator,
+               served: tuple[SimulatedEngines, PageServer] | None) -> None:
+    engines = served[0] if served is not None else None
     ticks = max(1, int(-(-sim.scenario.horizon_s // sim.scenario.tick_s)))
-    telemetry = await replay(ctx, sim)
+    telemetry = await replay(ctx, sim, engines)
     if sim.tick == 0:
-        await wait_ready(ctx)
+        await wait_ready(ctx, PIPELINE if engines is None else (*PIPELINE, ENGINE_METRICS))
     seen_events = len(sim.fleet.events)
     jobs_sub = await ctx.bus.js.pull_subscribe(
         f"{subjects.JOBS_ACCEPTED_PREFIX}.>", durable=JOBS_DURABLE,
@@ -219,10 +260,15 @@ async def run(ctx: ServiceContext) -> None:
             if job is not None:
                 submitted.append(job.id)
         snap = sim.snapshot()
+        if served is not None:  # the pages show the tick before its snapshot is out
+            served[0].update(snap, telemetry)
+            served[1].publish(served[0].pages(), served[0].targets(served[1].address))
         await ctx.bus.publish(subjects.tick_subject(n, "snapshot"),
                               planning.encode_snapshot(snap), msg_id=f"snapshot-{n}")
-        await ctx.bus.publish(subjects.telemetry_subject(n),
-                              planning.encode_telemetry(n, telemetry), msg_id=f"telemetry-{n}")
+        if served is None:
+            await ctx.bus.publish(subjects.telemetry_subject(n),
+                                  planning.encode_telemetry(n, telemetry),
+                                  msg_id=f"telemetry-{n}")
         for msg in pending:  # the effect (a published snapshot holding the job) is done
             await msg.ack()
         await _announce_arrivals(ctx, snap, announced)

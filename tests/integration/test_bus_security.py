@@ -42,7 +42,8 @@ FAR_TICK = subjects.tick_subject(10**9, "observations")
 # who may publish each stage of a tick (DESIGN §9)
 STAGE_PUBLISHERS = {"snapshot": {"sim"}, "observations": {"telemetry-ingest"},
                     "causal": {"causal-store"}, "candidates": {"proposer"},
-                    "plan": {"evaluator"}, "actions": {"placer"}}
+                    "plan": {"evaluator"}, "actions": {"placer"},
+                    "hypotheses": {"proposer"}}
 
 
 class Session:
@@ -292,8 +293,10 @@ async def test_koi_submit_and_events_follow_work_as_the_client_user(secure_nats,
 def test_a_short_pipeline_runs_with_one_user_per_service(redis_url, tmp_path) -> None:
     server = start_nats(secure=True)
     try:
-        run = BusRun(server.url, tmp_path / "logs", "hetero-3h", 1, 300.0, redis_url,
-                     security=server.security, timeout_s=500).run()
+        # telemetry read from the sim's engine pages, so engine-metrics runs too
+        busrun = BusRun(server.url, tmp_path / "logs", "hetero-3h", 1, 300.0, redis_url,
+                        security=server.security, timeout_s=500, telemetry="http")
+        run = busrun.run()
         log = server.log_tail(100_000)
     finally:
         server.stop()
@@ -301,6 +304,7 @@ def test_a_short_pipeline_runs_with_one_user_per_service(redis_url, tmp_path) ->
     assert run.summary.metrics["overall_score"] > 0
     violations = [line for line in log.splitlines() if "Violation" in line]
     assert not violations, violations[:5]
+    assert set(busrun.services()) == set(SERVICES)
     for service in SERVICES:  # each ran as its own user, over TLS
         started = (tmp_path / "logs" / f"{service}-0.log").read_text()
         assert f'"nats_user": "{service}"' in started and '"nats_tls": true' in started

@@ -91,7 +91,8 @@ def test_each_stage_has_exactly_one_publisher(stage: str) -> None:
     subject = subjects.tick_subject(5, stage)
     assert [r for r in ROLES if r != ADMIN and _may_publish(r, subject)] == [
         {"snapshot": "sim", "observations": "telemetry-ingest", "causal": "causal-store",
-         "candidates": "proposer", "plan": "evaluator", "actions": "placer"}[stage]]
+         "candidates": "proposer", "plan": "evaluator", "actions": "placer",
+         "hypotheses": "proposer"}[stage]]
 
 
 def test_the_lease_and_the_causal_kv_have_one_writer_each() -> None:
@@ -129,13 +130,27 @@ def test_only_responders_may_listen_on_request_subjects() -> None:
 
 
 def test_the_kv_keys_and_durables_agree_with_the_services() -> None:
+    from services.engine_metrics.main import DURABLE as ENGINE_METRICS_DURABLE
+    from services.engine_metrics.main import KEY_SIM_METRICS
     from services.evaluator.main import KEY_CACHE_STATS
     from services.planner_api.main import KEY_ADDR
-    from services.sim.main import JOBS_DURABLE
+    from services.sim.main import JOBS_DURABLE, KEY_METRICS
 
     assert permissions.KEY_EVALUATOR_CACHE == KEY_CACHE_STATS
     assert permissions.KEY_PLANNER_API_ADDR == KEY_ADDR
     assert (subjects.STREAM_JOBS, JOBS_DURABLE) in permissions.DURABLES["sim"]
+    assert (subjects.STREAM_TICKS, ENGINE_METRICS_DURABLE) in \
+        permissions.DURABLES["engine-metrics"]
+    assert KEY_SIM_METRICS == KEY_METRICS   # the sim writes where engine-metrics reads
+
+
+def test_telemetry_is_published_by_the_world_and_the_engine_adapter_only() -> None:
+    subject = subjects.telemetry_subject(5)
+    publishers = [r for r in ROLES if r != ADMIN and _may_publish(r, subject)]
+    # telemetry-ingest's grant predates the adapter (it publishes none)
+    assert publishers == ["sim", "telemetry-ingest", "engine-metrics"]
+    kv_sim = permissions.kv_subject(subjects.KV_SIM, "metrics")
+    assert not _may_publish("engine-metrics", kv_sim)   # it reads the sim's address only
 
 
 @pytest.mark.parametrize("role", SERVICES)

@@ -21,6 +21,10 @@ def test_defaults_are_accepted() -> None:
     ("KOI_LEASE_TTL_S", "-5"), ("KOI_REPLICA", "-1"), ("KOI_EVAL_SHARD", "0"),
     ("KOI_SEED", "-3"), ("KOI_HORIZON_S", "-60"), ("KOI_SAMPLE_FRACTION", "1.5"),
     ("KOI_SAMPLE_FRACTION", "0"), ("KOI_EVAL_SHARD", "two"),
+    ("KOI_SIM_METRICS_PORT", "70000"), ("KOI_SIM_METRICS_PORT", "-1"),
+    ("KOI_SCRAPE_CONCURRENCY", "0"), ("KOI_SCRAPE_TIMEOUT_S", "0"),
+    ("KOI_METRICS_SOURCE", "carrier-pigeon"), ("KOI_PROMETHEUS_URL", "file:///etc/passwd"),
+    ("KOI_METRICS_TARGETS_URL", "http://"),
 ])
 def test_a_number_out_of_bounds_is_refused_with_its_name(name: str, value: str) -> None:
     with pytest.raises(ValueError, match=name):
@@ -32,6 +36,16 @@ def test_every_numeric_variable_has_bounds_and_its_default_is_within() -> None:
                "KOI_REPLICA", "KOI_LEASE_TTL_S", "KOI_EVAL_SHARD"}
     assert numeric <= set(BOUNDS) and set(BOUNDS) <= set(ENV)
     ServiceSettings.from_env({})  # every default passes its own bounds
+
+
+def test_engine_metrics_settings_are_off_by_default_and_read_when_set() -> None:
+    off = ServiceSettings.from_env({})
+    assert off.sim_metrics_port is None and off.metrics_source == "scrape"
+    on = ServiceSettings.from_env({"KOI_SIM_METRICS_PORT": "0",
+                                   "KOI_METRICS_SOURCE": "prometheus",
+                                   "KOI_PROMETHEUS_URL": "http://user:pw@prom:9090"})
+    assert on.sim_metrics_port == 0 and on.prometheus_url == "http://user:pw@prom:9090"
+    assert "pw" not in repr(on)   # a URL's credentials stay out of the repr
 
 
 def test_nats_credentials_from_a_password_file_never_show(tmp_path) -> None:

@@ -11,7 +11,7 @@ import pytest
 from koi.catalog import load_catalog
 from koi.cluster import Action, ActionKind, PlanDecision
 from koi.scenario.types import CapacityEvent
-from koi.sim import Simulator, run, to_prometheus_text
+from koi.sim import Simulator, run
 from koi.sim.physics import startup_s
 from koi.sim.replica import Replica, ReplicaSpec, Req
 from koi.sim.testing import FixedPolicy, batch_job, online_job, tiny_scenario
@@ -296,7 +296,9 @@ def test_a_batch_jobs_tokens_do_not_depend_on_how_replicas_group_its_requests() 
     assert served[0] == pytest.approx(served[1], rel=2e-3)
 
 
-def test_telemetry_renders_as_vllm_metrics() -> None:
+def test_telemetry_renders_as_engine_metrics() -> None:
+    from koi.fleet import ReplicaCounters, parse_page, render, split_tick
+
     sc = tiny_scenario([online_job("chat", rate=5)], horizon_s=600)
     sim = Simulator(sc, seed=0)
     sim.apply(PlanDecision(0, (_launch("chat"),)))
@@ -307,13 +309,19 @@ def test_telemetry_renders_as_vllm_metrics() -> None:
     assert sum(t.ttft_bucket_counts) == pytest.approx(t.requests_finished)
     assert len(t.ttft_bucket_counts) == len(t.ttft_bucket_bounds_s) + 1
     assert t.cost_usd > 0 and t.gpu_seconds == pytest.approx(60.0)
-    text = to_prometheus_text(t)
+    replica = ReplicaCounters("chat-model")
+    split_tick(t, [replica])
+    text = render("vllm-0.34.0", replica)
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                 "vllm:gpu_cache_usage_perc", "vllm:time_to_first_token_seconds_bucket",
-                 "vllm:time_per_output_token_seconds_bucket", "vllm:prompt_tokens_total",
-                 "vllm:generation_tokens_total", "vllm:num_preemptions_total"):
+                 "vllm:kv_cache_usage_perc", "vllm:time_to_first_token_seconds_bucket",
+                 "vllm:request_time_per_output_token_seconds_bucket",
+                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                 "vllm:num_preemptions_total", "vllm:request_success_total"):
         assert name in text
     assert 'le="+Inf"' in text
+    page = parse_page(text)   # the page reads back as the tick's counters
+    assert page.counters["requests_finished"] == pytest.approx(t.requests_finished)
+    assert page.counters["generation_tokens"] == pytest.approx(t.generation_tokens)
 
 
 def test_spend_is_gpus_times_price_times_time() -> None:

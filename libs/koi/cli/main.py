@@ -1,5 +1,5 @@
 """The `koi` command line: predict, calibrate, bench, explain, profile, demo, serve, submit,
-events, scenario, plan.
+events, scenario, plan, rlm.
 
 Thin: parses flags, calls the domain library, prints with rich. Each subcommand's
 logic lives in ``koi.*``; nothing here decides anything.
@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from koi.cli.bench_cmd import report_command
+from koi.cli.rlm_cmd import rlm_app
 
 app = typer.Typer(help="Koi: a self-calibrating planner for LLM inference fleets.",
                   no_args_is_help=True, add_completion=False)
@@ -28,6 +29,7 @@ app.add_typer(events_app, name="events")
 scenario_app = typer.Typer(help="Scenarios: generate new ones from the catalog.",
                            no_args_is_help=True)
 app.add_typer(scenario_app, name="scenario")
+app.add_typer(rlm_app, name="rlm")
 console = Console()
 
 Opt = typer.Option
@@ -84,7 +86,9 @@ def bench(
                         ] = None,
     scenarios: Annotated[str | None, Opt(help="Several scenarios: a,b,c.")] = None,
     policy: Annotated[list[str] | None, Opt(help="Registered policy (repeatable); default:"
-                                             " every registered policy.")] = None,
+                                             " every registered policy (koi-rlm, llm-only and"
+                                             " llm-tools only with KOI_RLM_BASE_URL and"
+                                             " KOI_RLM_MODEL set).")] = None,
     policies: Annotated[str | None, Opt(help="Several policies: a,b,c.")] = None,
     seed: Annotated[list[int] | None, Opt(help="Seed (repeatable); default 1.")] = None,
     seeds: Annotated[str | None, Opt(help="Several seeds: 1,2,3.")] = None,
@@ -189,13 +193,25 @@ def bench_bus(
     eval_horizon_s: Annotated[float | None, Opt(help="Its horizon cut.")] = 7200.0,
     replicas: Annotated[str, Opt(help="Replicas in the overhead runs, e.g. "
                                       "proposer=2,evaluator=2 (default one of each).")] = "",
+    telemetry: Annotated[bool, Opt(help="Also run the scenario once with the sim "
+                                        "publishing telemetry and once with engine "
+                                        "/metrics pages scraped, and compare.")] = False,
 ) -> None:
-    """The bus's overhead against the in-process run (medians of --runs), and the
-    evaluate stage with 1 vs more evaluator replicas."""
+    """The bus's overhead against the in-process run (medians of --runs), the evaluate
+    stage with 1 vs more evaluator replicas, and (--telemetry) telemetry over the bus
+    against telemetry read from engine pages over HTTP."""
     import statistics
 
-    from services.bench import overhead, parse_replicas, scale_out
+    from services.bench import overhead, parse_replicas, scale_out, telemetry_paths
 
+    if telemetry:
+        t = telemetry_paths(scenario, seed, horizon_s, progress=console.print)
+        first = "none" if t.first_difference is None else str(t.first_difference)
+        console.print(f"{t.scenario} seed {t.seed}, {t.ticks} ticks: score with telemetry "
+                      f"over the bus {t.score['bus']:.2f}, over HTTP {t.score['http']:.2f} "
+                      f"(difference {t.difference:+.2f}); identical decisions on "
+                      f"{t.same_ticks}/{t.ticks} ticks, first difference at tick {first}; "
+                      f"wall {t.wall_s['bus']:.0f} s vs {t.wall_s['http']:.0f} s")
     if runs > 0:
         r = overhead(scenario, seed, horizon_s, runs, progress=console.print,
                      replicas=parse_replicas(replicas))
@@ -353,7 +369,9 @@ def bench_suite(
                                        "1000); seeds >= 1000 are held out.")],
     size: Annotated[str, Opt(help="small | medium | large.")] = "medium",
     policies: Annotated[str | None, Opt(help="Policies a,b,c; default: every registered "
-                                             "policy.")] = None,
+                                             "policy (those that need a language model only "
+                                             "with KOI_RLM_BASE_URL and KOI_RLM_MODEL set)."
+                                        )] = None,
     workers: Annotated[int, Opt(help="Parallel processes (1: in-process).", min=1, max=16)
                        ] = 2,
     out: Annotated[Path, Opt(help="Directory for runs.jsonl, failures.jsonl and suite.md; "
@@ -369,7 +387,7 @@ def bench_suite(
 
     from koi.bench.suite import SuiteConfig, parse_range, run_suite
     from koi.cli.bench_cmd import split_list
-    from koi.policies import policy_names
+    from koi.policies import default_policy_names, model_endpoint_problem, policy_names
     from koi.scenario.generate import SIZES
 
     try:
@@ -380,11 +398,16 @@ def bench_suite(
         raise typer.BadParameter(f"one of {', '.join(SIZES)} (got {size!r})",
                                  param_hint="--size")
     known = policy_names()
-    chosen = split_list([policies or ""]) or known
+    chosen = split_list([policies or ""]) or default_policy_names()
     unknown = [p for p in chosen if p not in known]
     if unknown:
         raise typer.BadParameter(f"unknown {', '.join(map(repr, unknown))}; known: "
                                  f"{', '.join(known)}", param_hint="--policies")
+    no_model = model_endpoint_problem(chosen)
+    if no_model:
+        raise typer.BadParameter(no_model, param_hint="--policies")
+    if "koi-rlm" in chosen:  # its round transcripts go beside the suite's records
+        os.environ.setdefault("KOI_RLM_TRANSCRIPTS", str(out / "rlm"))
     if sample_fraction is not None and not 0.0 < sample_fraction <= 1.0:
         raise typer.BadParameter(f"must be in (0, 1] (got {sample_fraction})",
                                  param_hint="--sample-fraction")
@@ -434,6 +457,9 @@ def demo(
     timeout_s: Annotated[float, Opt(help="Give up after this many wall seconds.")] = 600.0,
     predictor: Annotated[bool, Opt(help="Only show the predictor on public measurements "
                                         "(no services).")] = False,
+    telemetry: Annotated[str, Opt(help="bus: the sim publishes telemetry; http: it serves "
+                                       "engine /metrics pages that engine-metrics reads.")
+                         ] = "bus",
 ) -> None:
     """Run every service on an embedded NATS against a simulated fleet and show what the
     planner does (live progress, events, then the run's metrics)."""
@@ -444,18 +470,29 @@ def demo(
         return
     from services.demo import run_demo
 
+    if telemetry not in ("bus", "http"):
+        raise typer.BadParameter("bus or http", param_hint="--telemetry")
     horizon = 3600.0 if fast and horizon_s is None else horizon_s
     raise typer.Exit(run_demo(scenario=scenario, seed=seed, horizon_s=horizon,
-                              timeout_s=timeout_s, console=console))
+                              timeout_s=timeout_s, console=console, telemetry=telemetry))
 
 
 @app.command()
 def serve(name: Annotated[str, typer.Argument(help="Service: sim, telemetry-ingest, "
                                                    "causal-store, proposer, evaluator, "
-                                                   "placer, planner-api.")]) -> None:
+                                                   "placer, planner-api, engine-metrics.")],
+          metrics_port: Annotated[int | None, Opt(
+              help="sim only: serve each replica's engine /metrics page and a Prometheus "
+                   "/targets on 127.0.0.1 at this port (0 = any free port), as "
+                   "KOI_SIM_METRICS_PORT does.", min=0, max=65535)] = None) -> None:
     """Run one service until SIGTERM/SIGINT (settings from the KOI_* environment)."""
     from services.cli import serve as serve_service
 
+    if metrics_port is not None:
+        if name != "sim":
+            raise typer.BadParameter("only the sim serves metrics pages",
+                                     param_hint="--metrics-port")
+        os.environ["KOI_SIM_METRICS_PORT"] = str(metrics_port)
     serve_service(name)
 
 

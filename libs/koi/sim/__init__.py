@@ -2,10 +2,10 @@
 
 ``Simulator`` (tick-by-tick cluster), ``run`` (drive a policy through a scenario),
 ``WorldParams``/``load_world``/``validate_world_overrides``/``randomize`` (the hidden
-world), ``to_prometheus_text`` (vLLM-style metrics), ``auto_sample_fraction`` and
-``thinning_error`` (thinned simulation), ``calibration_check`` (the world against the
-public measurements). The simulator never imports ``koi.predictor``: the planner must
-learn this world from telemetry.
+world), ``auto_sample_fraction`` and ``thinning_error`` (thinned simulation),
+``calibration_check`` (the world against the public measurements); the replicas' engine
+``/metrics`` pages are ``koi.fleet.sim_pages``. The simulator never imports
+``koi.predictor``: the planner must learn this world from telemetry.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from koi.sim.simulator import Simulator, run
-from koi.sim.telemetry import TPOT_BOUNDS_S, TTFT_BOUNDS_S, to_prometheus_text
+from koi.sim.telemetry import TPOT_BOUNDS_S, TTFT_BOUNDS_S
 from koi.sim.thinning import auto_sample_fraction, thinning_error
 from koi.sim.world import (
     WorldParams,
@@ -43,6 +43,5 @@ __all__ = [
     "randomize",
     "run",
     "thinning_error",
-    "to_prometheus_text",
     "validate_world_overrides",
 ]

@@ -1,10 +1,11 @@
-"""Per-deployment telemetry in vLLM's terms, and its Prometheus text rendering.
+"""Per-deployment telemetry in vLLM's terms.
 
 ``build_telemetry`` folds what a deployment's replicas did over one tick into a
 ``DeploymentTelemetry`` (weighted request counts, TTFT/TPOT histograms with vLLM's bucket
-bounds, means and p95s, KV usage, running/waiting means). ``to_prometheus_text`` renders
-one as the ``/metrics`` text a vLLM server would expose, so the ingest path is the same
-for simulated and real engines. Stats objects only: no routing, no fleet logic.
+bounds, means and p95s, KV usage, running/waiting means). The simulated replicas' engine
+``/metrics`` pages (cumulative, per replica, in each engine's own layout) are
+``koi.fleet.sim_pages`` / ``koi.fleet.exposition``. Stats objects only: no routing, no
+fleet logic.
 """
 
 from __future__ import annotations
@@ -61,45 +62,3 @@ def build_telemetry(tick: int, dep_id: str, job_id: str, window_s: float, *,
         replica_preemptions=int(counts["replica_preemptions"]),
         output_tok_s=counts["gen_tokens"] / window_s if window_s > 0 else 0.0,
         gpu_seconds=counts["gpu_seconds"], cost_usd=counts["cost_usd"])
-
-
-def _bucket_lines(name: str, labels: str, bounds: tuple[float, ...],
-                  counts: tuple[float, ...], total: float) -> list[str]:
-    lines, cum = [], 0.0
-    for b, c in zip(bounds, counts, strict=False):
-        cum += c
-        lines.append(f'{name}_bucket{{{labels},le="{b:g}"}} {cum:g}')
-    cum += counts[-1]
-    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {cum:g}')
-    lines.append(f"{name}_count{{{labels}}} {cum:g}")
-    lines.append(f"{name}_sum{{{labels}}} {total:g}")
-    return lines
-
-
-def to_prometheus_text(t: DeploymentTelemetry) -> str:
-    """The telemetry as vLLM-style Prometheus exposition text (one scrape)."""
-    labels = f'model_name="{t.job_id}",deployment="{t.deployment_id}"'
-    lines = [
-        "# TYPE vllm:num_requests_running gauge",
-        f"vllm:num_requests_running{{{labels}}} {t.num_running:g}",
-        "# TYPE vllm:num_requests_waiting gauge",
-        f"vllm:num_requests_waiting{{{labels}}} {t.num_waiting:g}",
-        "# TYPE vllm:gpu_cache_usage_perc gauge",
-        f"vllm:gpu_cache_usage_perc{{{labels}}} {t.kv_cache_usage:g}",
-        "# TYPE vllm:prompt_tokens_total counter",
-        f"vllm:prompt_tokens_total{{{labels}}} {t.prompt_tokens:g}",
-        "# TYPE vllm:generation_tokens_total counter",
-        f"vllm:generation_tokens_total{{{labels}}} {t.generation_tokens:g}",
-        "# TYPE vllm:num_preemptions_total counter",
-        f"vllm:num_preemptions_total{{{labels}}} {t.num_preemptions:g}",
-        "# TYPE vllm:request_success_total counter",
-        f"vllm:request_success_total{{{labels}}} {t.requests_finished:g}",
-        "# TYPE vllm:time_to_first_token_seconds histogram",
-    ]
-    lines += _bucket_lines("vllm:time_to_first_token_seconds", labels, t.ttft_bucket_bounds_s,
-                           t.ttft_bucket_counts, t.ttft_mean_s * t.requests_finished)
-    lines.append("# TYPE vllm:time_per_output_token_seconds histogram")
-    lines += _bucket_lines("vllm:time_per_output_token_seconds", labels,
-                           t.tpot_bucket_bounds_s, t.tpot_bucket_counts,
-                           t.tpot_mean_s * t.requests_finished)
-    return "\n".join(lines) + "\n"
