@@ -7,6 +7,7 @@ Pure names and small helpers that build them; no transport imports (the services
     telemetry-ingest ──koi.tick.<n>.observations──► causal-store
     causal-store ──koi.tick.<n>.causal (+ KV koi_causal)──► proposer
     proposer ──koi.tick.<n>.candidates──► evaluator
+    proposer ──koi.tick.<n>.hypotheses──► proposers, causal-store, evaluator, planner-api
     evaluator ──koi.tick.<n>.plan──► placer
     placer ──koi.tick.<n>.actions (+ KV koi_plan)──► sim (the cluster)
 
@@ -36,7 +37,11 @@ STREAM_TELEMETRY_SUBJECTS = ("koi.telemetry.>",)
 TICK_PREFIX = "koi.tick"                        # koi.tick.<n>.<stage>
 STREAM_TICKS = "KOI_TICKS"
 STREAM_TICKS_SUBJECTS = ("koi.tick.>",)
-STAGES = ("snapshot", "observations", "causal", "candidates", "plan", "actions")
+STAGES = ("snapshot", "observations", "causal", "candidates", "plan", "actions",
+          "hypotheses")
+# a language-model round's accepted and dropped hypotheses (HypothesisRound), published on
+# the tick they enter first; not a pipeline stage: a tick never waits for one
+HYPOTHESES = "hypotheses"
 
 # --- operator events and dead letters --------------------------------------------------
 EVENTS_PREFIX = "koi.events"                    # koi.events.<severity>.<kind>

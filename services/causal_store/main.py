@@ -8,6 +8,13 @@ is dropped. A tick whose body disagrees with its subject, or that is ahead of th
 (the latest snapshot), is refused to the DLQ with an ``implausible`` event
 (``services.runtime.plausible``), so the stored tick never passes the clock. Newly
 discovered and retired mechanisms become operator events.
+
+Language-model hypotheses (``koi.tick.*.hypotheses``, followed from the stream's start by
+``HypothesisFeed``) set weak priors: before learning a tick, the priors of the hypotheses
+in force then are put on the beliefs (``koi.rlm.adopt.with_priors``; expired ones taken
+off). One observation outweighs such a prior and only telemetry promotes a mechanism
+(its ``source`` then says "rlm"). Without any hypothesis message this changes nothing;
+with them, learning also depends on which rounds had arrived when the tick was learnt.
 """
 
 from __future__ import annotations
@@ -17,10 +24,12 @@ from koi.calibrate import DroCalibrator
 from koi.causal.store import BeliefStore
 from koi.planner.tick import KoiSettings, KoiState, learn_from
 from koi.policies.koi import settings_for
+from koi.rlm.adopt import with_priors
 from koi.wire import planning
 from services.runtime import plausible
 from services.runtime.app import ServiceContext, main
 from services.runtime.bus import Undecodable
+from services.runtime.hypotheses import HypothesisFeed
 
 NAME = "causal-store"
 
@@ -52,6 +61,7 @@ class StateCache:
 async def run(ctx: ServiceContext) -> None:
     settings = settings_for(ctx.settings.policy)
     cache = StateCache(settings)
+    feed = await HypothesisFeed(ctx.bus, ctx.catalog).start()
 
     async def handle(subject: str, data: bytes, headers: dict | None) -> None:
         try:
@@ -70,13 +80,17 @@ async def run(ctx: ServiceContext) -> None:
             ctx.log.info("stale_observations", tick=tick, state_tick=last)
             return
         learnt = tick > last
+        abs_error: dict[str, float] = {}
         if learnt:
             before = dict(beliefs.mechanisms)
+            if feed.seen:  # the weak priors of the hypotheses in force at this tick
+                active = feed.loop.active_priors(beliefs.config, tick)
+                beliefs = with_priors(beliefs, active, tick)
             beliefs, calibrator, abs_error = learn_from(observations, beliefs, calibrator,
                                                         tick, settings)
         state = planning.encode_causal_state(beliefs, calibrator, tick,
                                              target_coverage=settings.coverage,
-                                             readable_beliefs=False)
+                                             readable_beliefs=False, abs_error=abs_error)
         # publish first, store second: learning is deterministic in (stored state, the
         # tick's observations), so a crash in between re-learns the same state from the
         # redelivered observations and re-publishes the same bytes (de-duplicated)
@@ -95,6 +109,7 @@ async def run(ctx: ServiceContext) -> None:
                                     service=NAME)
     await ctx.stopping.wait()
     await handle_.stop()
+    await feed.stop()
 
 
 async def _mechanism_events(ctx: ServiceContext, before: dict, beliefs: BeliefStore,

@@ -6,17 +6,27 @@ proposer replica serves (queue group ``proposer``); each item is
 state and observations (the running deployments' mediators), read back from the tick
 stream. Candidates come back in job order, exactly as the in-process planner orders
 them.
+
+With a language-model endpoint configured (docs/RLM.md), replica 0 also runs hypothesis
+rounds beside the ticks (``services.proposer.rlm``), and every replica follows the
+published rounds: the coordinator puts the candidates of the hypotheses in force into
+the tick's work items (``ProposeWork.extra``), which each worker adds after its jobs'
+own (``koi.rlm.adopt.widen``). Without one nothing here changes.
 """
 
 from __future__ import annotations
 
 from koi import subjects
+from koi.planner.propose import Proposal
 from koi.planner.tick import active_jobs, mediator_hints, propose_stage
 from koi.policies.koi import settings_for
+from koi.rlm.adopt import widen
 from koi.v1 import work_pb2
 from koi.wire import planning
+from services.proposer.rlm import RoundRunner, load_settings
 from services.runtime.app import ServiceContext, main
 from services.runtime.bus import Undecodable
+from services.runtime.hypotheses import HypothesisFeed
 from services.runtime.ticks import TickReader
 from services.runtime.work import chunks, serve_work, share
 
@@ -27,6 +37,10 @@ JOBS_PER_ITEM = 4  # small items balance well over replicas; each costs ~2 ms
 async def run(ctx: ServiceContext) -> None:
     settings = settings_for(ctx.settings.policy)
     reader = TickReader(ctx.bus, ctx.settings.stage_deadline_s)
+    rlm = await load_settings(ctx)
+    feed = await HypothesisFeed(ctx.bus, ctx.catalog, rlm).start() if rlm else None
+    rounds = await RoundRunner(ctx, rlm, reader, settings, ctx.settings.policy).start() \
+        if rlm and ctx.settings.replica == 0 else None
 
     async def work(data: bytes) -> bytes:
         item = work_pb2.ProposeWork.FromString(data)
@@ -37,6 +51,12 @@ async def run(ctx: ServiceContext) -> None:
         jobs = [by_id[i] for i in item.job_ids if i in by_id]
         proposals = propose_stage(snapshot, mechanisms, settings, ctx.catalog, jobs=jobs,
                                   hints=mediator_hints(observations))
+        if item.extra:
+            extra: dict[str, list[Proposal]] = {}
+            for i, c in enumerate(item.extra):
+                p = planning.proposal_from_proto(c, f"extra[{i}].", catalog=ctx.catalog)
+                extra.setdefault(p.job_id, []).append(p)
+            proposals = widen(proposals, extra)
         return planning.encode_candidates(item.tick, version, proposals)
 
     async def handle(subject: str, data: bytes, headers: dict | None) -> None:
@@ -49,7 +69,12 @@ async def run(ctx: ServiceContext) -> None:
             raise Undecodable(f"causal state: {exc}") from exc
         snapshot = await reader.snapshot(tick)
         ids = [j.id for j in active_jobs(snapshot)]
-        items = [work_pb2.ProposeWork(tick=tick, job_ids=ids[a:b]).SerializeToString()
+        # the hypotheses in force at this tick (none without the language-model layer)
+        extra = feed.loop.extra_candidates(snapshot, ctx.catalog) if feed else {}
+        items = [work_pb2.ProposeWork(
+                     tick=tick, job_ids=ids[a:b],
+                     extra=[planning.proposal_to_proto(p) for j in ids[a:b]
+                            for p in extra.get(j, ())]).SerializeToString()
                  for a, b in chunks(len(ids), JOBS_PER_ITEM)]
         answers = await share(ctx.bus, subjects.WORK_PROPOSE, items, work,
                               ctx.settings.stage_deadline_s / 2)
@@ -59,7 +84,7 @@ async def run(ctx: ServiceContext) -> None:
         await ctx.bus.publish(subjects.tick_subject(tick, "candidates"), batch,
                               msg_id=f"candidates-{tick}")
         ctx.log.info("proposed", tick=tick, jobs=len(ids), items=len(items),
-                     bytes=len(batch))
+                     bytes=len(batch), hypothesis_candidates=sum(map(len, extra.values())))
 
     sub = await serve_work(ctx.bus, subjects.WORK_PROPOSE, subjects.QUEUE_PROPOSER, work)
     handle_ = await ctx.bus.consume(subjects.STREAM_TICKS, "proposer",
@@ -67,6 +92,9 @@ async def run(ctx: ServiceContext) -> None:
     await ctx.stopping.wait()
     await handle_.stop()
     await sub.unsubscribe()
+    for part in (rounds, feed):
+        if part is not None:
+            await part.stop()
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ from koi.planner.propose import Proposal
 from koi.planner.tick import KoiState, learn_from
 from koi.policies.koi import settings_for
 from koi.predictor.passes import LOG_GRID
+from koi.rlm.hypothesis import CandidateTest, Direction, Dropped, Exploration, Hypothesis
+from koi.rlm.loop import RoundOutcome
 from koi.scenario import load_scenario, scenario_path
 from koi.space import DeploymentConfig
 from koi.v1 import (
@@ -56,6 +58,7 @@ from koi.v1 import (
     common_pb2,
     config_pb2,
     events_pb2,
+    hypotheses_pb2,
     jobs_pb2,
     plan_pb2,
     plan_service_pb2,
@@ -63,6 +66,7 @@ from koi.v1 import (
     work_pb2,
 )
 from koi.wire import codec, config_to_proto, encode_job, planning
+from koi.wire.hypotheses import decode_hypotheses, encode_hypotheses
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -177,7 +181,21 @@ def _seeds() -> dict[str, Message]:
         "event": planning.make_event(kind="launch", severity="info", service="placer",
                                      message="launched", tick=3, job_id="chat-eu",
                                      mechanism_ids=["m"], event_id="e"),
+        "hypotheses": _hypotheses(),
     }
+
+
+def _hypotheses() -> hypotheses_pb2.HypothesisRound:
+    """A round with one hypothesis holding a test configuration and an exploration."""
+    h = Hypothesis(edge=("kv_pressure", "tpot"), scope=Scope("l4", "vllm", "≤10B", "tp1",
+                                                             family="ada"),
+                   direction=Direction.INCREASE, size=1.5, size_low=1.2, size_high=2.0,
+                   expires_tick=30, source_model="m", round_id="r3",
+                   why=("residual:chat-eu/tpot_p95",), tests=(CandidateTest("chat-eu", CFG),),
+                   explore=(Exploration("chat-eu", "max_num_seqs", (96, 128)),))
+    return hypotheses_pb2.HypothesisRound.FromString(encode_hypotheses(RoundOutcome(
+        enters_tick=4, round_id="r3", round_tick=3, model="m", ok=True, hypotheses=(h,),
+        dropped=(Dropped(1, "hallucinated accelerator"),))))
 
 
 SEEDS = _seeds()
@@ -223,6 +241,7 @@ DECODERS: dict[str, tuple[type[Message], Callable[[bytes], Any], tuple[Message, 
     "evaluate work": (work_pb2.EvaluateWork, _raw(work_pb2.EvaluateWork), ()),
     "evaluated slice": (work_pb2.EvaluatedSlice, _raw(work_pb2.EvaluatedSlice), ()),
     "run summary": (work_pb2.RunSummary, _raw(work_pb2.RunSummary), ()),
+    "hypotheses": (hypotheses_pb2.HypothesisRound, decode_hypotheses, (SEEDS["hypotheses"],)),
 }
 
 

@@ -11,7 +11,10 @@ a dict with any of:
 * ``"raw"``: bytes or text sent as they are with ``content-type: application/json`` (a
   malformed body);
 * ``"status"``: the HTTP status (default 200; 500 and 429 send an OpenAI error body);
-* ``"delay_s"``: wait this long before answering (cut short when the server stops).
+* ``"delay_s"``: wait this long before answering (cut short when the server stops);
+* ``"wait"``: a ``threading.Event`` (in-memory scripts only) to wait for before
+  answering, at most ``"wait_s"`` seconds (default 60): an answer that comes only once
+  the test says so (e.g. once the planner has gone on for some ticks).
 
 When the script runs out the server answers HTTP 500 ``script exhausted``. The script
 may be a list of dicts or a path to a JSONL file of them. Test support only: nothing
@@ -134,6 +137,12 @@ class ReplayServer:
             return
         if entry.get("delay_s"):
             self._stop.wait(float(entry["delay_s"]))
+        gate = entry.get("wait")
+        if gate is not None:
+            deadline = time.monotonic() + float(entry.get("wait_s", 60.0))
+            while not gate.wait(0.05) and not self._stop.is_set() \
+                    and time.monotonic() < deadline:
+                pass
         status = int(entry.get("status", 200))
         if "raw" in entry:
             data = entry["raw"]

@@ -204,7 +204,8 @@ def _finite(x: Any) -> Any:
 
 
 def run_json(result: RunResult, *, jobs: bool = False) -> dict[str, Any]:
-    """``{scenario, policy, seed, wall_s, sample_fraction, metrics{…}, policy_failures}``.
+    """``{scenario, policy, seed, wall_s, sample_fraction, metrics{…}, policy_failures}``,
+    and ``model_spend{tokens, usd, calls, …}`` for a policy that asks a language model.
 
     ``metrics`` holds every ``RunMetrics`` field (per-job rows only with ``jobs=True``,
     each with the GPU-hours the job held by family and its event counts by kind,
@@ -229,6 +230,8 @@ def run_json(result: RunResult, *, jobs: bool = False) -> dict[str, Any]:
         "policy_failures": [{"tick": f.tick, "time_s": f.time_s, "error": f.error,
                              "where": f.where} for f in result.policy_failures],
         "metrics": m,
+        # the planner's own language-model spend (koi-rlm, llm-only, llm-tools)
+        **({"model_spend": result.model_spend} if result.model_spend is not None else {}),
     })
 
 

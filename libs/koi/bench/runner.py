@@ -54,6 +54,9 @@ class RunResult:
     record: RunRecord
     policy_failures: tuple[PolicyFailure, ...] = ()
     refused_actions: int = 0   # actions the simulator refused (capacity, invalid, …)
+    # what a policy's own language-model calls cost (tokens, dollars, calls, …); None
+    # for policies without a model (``model_spend()`` on the policy)
+    model_spend: dict[str, Any] | None = None
 
     @property
     def sample_fraction(self) -> float:
@@ -119,8 +122,9 @@ def run_once(scenario: Scenario | str, policy_name: str, seed: int, *,
     if failures:
         log.warning("policy_failures", scenario=scn.name, policy=policy_name, seed=seed,
                     ticks=len(failures), first=failures[0].error)
+    spend = getattr(policy, "model_spend", None)
     return RunResult(scn.name, policy_name, seed, wall, metrics, record, tuple(failures),
-                     refused)
+                     refused, spend() if callable(spend) else None)
 
 
 def _decide(policy: Any, snapshot: Any, telemetry: Sequence[DeploymentTelemetry],

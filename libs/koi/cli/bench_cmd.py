@@ -10,6 +10,7 @@ simulation logic here.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -56,18 +57,23 @@ def bench_command(console: Console, *, scenarios: list[str], policies: list[str]
     from koi.bench.report import results_json, run_json
     from koi.bench.runner import RunProgress, run_matrix
     from koi.bench.suite import git_commit, machine
-    from koi.policies import policy_names
+    from koi.policies import default_policy_names, model_endpoint_problem, policy_names
     from koi.scenario import list_scenarios, load_scenario
 
     if not scenarios:
         _fail(console, "give --scenario NAME|FILE (or --scenarios a,b)",
               f"shipped scenarios: {', '.join(list_scenarios())}")
     known_policies = policy_names()
-    policies = policies or known_policies
+    policies = policies or default_policy_names()
     unknown = [p for p in policies if p not in known_policies]
     if unknown:
         _fail(console, f"unknown policy {', '.join(map(repr, unknown))}",
               f"known policies: {', '.join(known_policies)}")
+    no_model = model_endpoint_problem(policies)
+    if no_model:
+        _fail(console, no_model, "")
+    if "koi-rlm" in policies:  # its round transcripts go beside the run's other outputs
+        os.environ.setdefault("KOI_RLM_TRANSCRIPTS", str(out / "rlm"))
     loaded = []
     for name in scenarios:
         try:
@@ -167,6 +173,11 @@ def _print_and_write(console: Console, results: Sequence[RunResult], out: Path) 
     rows = summarise(results)
     _wide(console).print(rich_table(rows))
     for r in results:
+        if r.model_spend is not None:  # the planner's own language-model calls
+            s = r.model_spend
+            console.print(f"{r.scenario} · {r.policy} · s{r.seed}: the model cost "
+                          f"{s['tokens']:,} tokens, ${s['usd']:.4f}, {s['calls']} calls "
+                          f"({s['seconds']:.1f} s); runs.jsonl has the rest (model_spend)")
         if r.policy_failures:
             f = r.policy_failures[0]
             console.print(f"[red]{r.scenario} · {r.policy} · s{r.seed}: the policy raised in "

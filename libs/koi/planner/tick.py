@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -156,10 +156,12 @@ class TickReport:
 
 
 def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry],
-              state: KoiState, settings: KoiSettings, catalog: Catalog
+              state: KoiState, settings: KoiSettings, catalog: Catalog, *,
+              widen: Callable[[list[Proposal]], list[Proposal]] | None = None
               ) -> tuple[PlanDecision, TickReport, KoiState]:
     """One whole tick in-process: the stages below in order (the services run the same
-    stage functions, one per process)."""
+    stage functions, one per process). ``widen`` may add candidates to the proposer's
+    (the language-model hypotheses' tests, ``koi.rlm.adopt.widen``) before evaluation."""
     stage: dict[str, float] = {}
     t0 = time.perf_counter()
     observations = observe(snapshot, telemetry, state.steady, settings, catalog)
@@ -170,6 +172,8 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     t = time.perf_counter()
     proposals = propose_stage(snapshot, active_mechanisms(beliefs), settings, catalog,
                               hints=mediator_hints(observations))
+    if widen is not None:
+        proposals = widen(proposals)
     stage["propose"] = time.perf_counter() - t
 
     t = time.perf_counter()

@@ -9,7 +9,7 @@ under a name so the benchmark picks them by that name. No policy logic lives her
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
 
 from koi.catalog import Catalog, load_catalog
@@ -21,6 +21,9 @@ class Policy(ABC):
     """Base class of planning policies."""
 
     name: ClassVar[str] = ""
+    # True: it asks a language model (KOI_RLM_BASE_URL, KOI_RLM_MODEL) and refuses
+    # to start without one; left out of the default set then (``default_policy_names``)
+    needs_model: ClassVar[bool] = False
 
     def __init__(self, catalog: Catalog | None = None, seed: int = 0) -> None:
         self.catalog = catalog or load_catalog()
@@ -67,6 +70,36 @@ def policy_names() -> list[str]:
     return sorted(REGISTRY)
 
 
+def default_policy_names(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The policies a run without ``--policy`` takes: every registered one, less those
+    that need a language model when no endpoint is configured."""
+    from koi.rlm.settings import endpoint_configured
+
+    names = policy_names()
+    if endpoint_configured(environ):
+        return names
+    return [n for n in names if not REGISTRY[n].needs_model]
+
+
+def model_endpoint_problem(names: Sequence[str],
+                           environ: Mapping[str, str] | None = None) -> str | None:
+    """Why the policies ``names`` cannot run here (one needs a model and none is
+    configured), or None."""
+    from koi.rlm.settings import ModelEndpointMissing, require_endpoint
+
+    _load_builtin_policies()
+    wanting = [n for n in names if n in REGISTRY and REGISTRY[n].needs_model]
+    if not wanting:
+        return None
+    try:
+        require_endpoint(f"policy {', '.join(wanting)}", environ)
+    except ModelEndpointMissing as err:
+        return str(err)
+    except ValueError as err:  # a bad KOI_RLM_* value
+        return f"policy {', '.join(wanting)}: {err}"
+    return None
+
+
 def _load_builtin_policies() -> None:
     """Import the modules whose classes register themselves."""
-    from koi.policies import baselines, koi, oracle, practitioners  # noqa: F401
+    from koi.policies import baselines, koi, llm, oracle, practitioners  # noqa: F401

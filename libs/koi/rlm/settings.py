@@ -91,6 +91,11 @@ class RlmSettings(BaseModel):
                                               "last round that triggers one.")
     cooldown_ticks: int = Field(3, ge=0, le=100_000,
                                 description="Ticks after a round before the next may run.")
+    # --- records ----------------------------------------------------------------------
+    transcripts: str = Field("", max_length=4000,
+                             description="Directory each round's transcript (JSON lines, "
+                                         "replayable with `koi rlm replay`) is written to; "
+                                         "empty = none (koi bench: <out>/rlm).")
 
     @field_validator("base_url")
     @classmethod
@@ -98,6 +103,13 @@ class RlmSettings(BaseModel):
         if not v.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return v
+
+    @property
+    def endpoint_configured(self) -> bool:
+        """Whether a model is named and its endpoint given: ``KOI_RLM_MODEL`` and
+        ``KOI_RLM_BASE_URL`` set (or ``KOI_RLM_ENABLED=true``, which takes the default
+        URL). Without it the proposer runs no rounds and the model policies refuse."""
+        return bool(self.model) and (self.enabled or "base_url" in self.model_fields_set)
 
     @property
     def api_key_value(self) -> str:
@@ -126,6 +138,30 @@ class RlmSettings(BaseModel):
             return RlmSettings(**values)
         except ValidationError as err:
             raise ValueError(_env_errors(err)) from None
+
+
+class ModelEndpointMissing(ValueError):
+    """A policy or command that needs a language model found none configured."""
+
+
+def require_endpoint(who: str, environ: Mapping[str, str] | None = None) -> RlmSettings:
+    """The settings from the environment, or ``ModelEndpointMissing`` naming what to set
+    (``who``: the policy or command asking)."""
+    settings = RlmSettings.from_env(environ)
+    if not settings.endpoint_configured:
+        raise ModelEndpointMissing(
+            f"{who} needs a language-model endpoint: set KOI_RLM_BASE_URL and KOI_RLM_MODEL"
+            " (e.g. KOI_RLM_BASE_URL=http://localhost:11434/v1 KOI_RLM_MODEL=qwen3:8b for"
+            " Ollama; docs/RLM.md §10)")
+    return settings
+
+
+def endpoint_configured(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment names a model endpoint (bad values count as none)."""
+    try:
+        return RlmSettings.from_env(environ).endpoint_configured
+    except ValueError:
+        return False
 
 
 def env_variables() -> dict[str, str]:

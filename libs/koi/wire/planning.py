@@ -547,14 +547,18 @@ def _cliff_to_proto(c: ThresholdBelief, beliefs: BeliefStore) -> causal_pb2.Beli
 
 def causal_state_to_proto(beliefs: BeliefStore, calibrator: DroCalibrator, tick: int, *,
                           target_coverage: float | None = None,
-                          readable_beliefs: bool = True) -> causal_pb2.CausalState:
+                          readable_beliefs: bool = True,
+                          abs_error: Mapping[str, float] | None = None
+                          ) -> causal_pb2.CausalState:
     """The whole causal state: both stores as bytes, and readable lists beside them.
     ``target_coverage`` defaults to the calibrator's own. ``readable_beliefs=False``
     leaves out the (long, costly) readable belief list — the tick's message does: its
-    readers decode the store, and a reader that lists beliefs builds them from it."""
+    readers decode the store, and a reader that lists beliefs builds them from it.
+    ``abs_error``: the tick's median |log residual| per outcome (``learn_from``)."""
     msg = causal_pb2.CausalState(version=beliefs.version, tick=tick,
                                  belief_store=beliefs.to_bytes(),
-                                 calibrator=calibrator.to_bytes())
+                                 calibrator=calibrator.to_bytes(),
+                                 abs_error=dict(abs_error or {}))
     # edge beliefs and the p95 tail factors (pseudo-edges "ttft"→"ttft_p95", …), by
     # edge and scope
     every = [*beliefs.beliefs.items(), *beliefs.tails.items()]
@@ -573,7 +577,7 @@ def causal_state_to_proto(beliefs: BeliefStore, calibrator: DroCalibrator, tick:
                            condition=m.condition, effect_size=m.effect, support=m.support,
                            confidence=m.confidence, first_seen_tick=m.first_seen,
                            last_confirmed_tick=m.last_confirmed, active=m.active,
-                           summary=m.line(), retired_tick=m.retired_at)
+                           summary=m.line(), retired_tick=m.retired_at, source=m.source)
     target = calibrator.coverage if target_coverage is None else target_coverage
     for o in calibrator.outcomes:
         msg.calibration.add(outcome=o, dro_radius=calibrator.radius(o),
@@ -584,10 +588,12 @@ def causal_state_to_proto(beliefs: BeliefStore, calibrator: DroCalibrator, tick:
 
 def encode_causal_state(beliefs: BeliefStore, calibrator: DroCalibrator, tick: int, *,
                         target_coverage: float | None = None,
-                        readable_beliefs: bool = True) -> bytes:
+                        readable_beliefs: bool = True,
+                        abs_error: Mapping[str, float] | None = None) -> bytes:
     return encode(causal_state_to_proto(beliefs, calibrator, tick,
                                         target_coverage=target_coverage,
-                                        readable_beliefs=readable_beliefs))
+                                        readable_beliefs=readable_beliefs,
+                                        abs_error=abs_error))
 
 
 def mechanisms_from_proto(msg: causal_pb2.CausalState) -> tuple[ActiveMechanism, ...]:

@@ -1,0 +1,100 @@
+"""``koi rlm replay TRANSCRIPT``: run a recorded hypothesis round again, without a model.
+
+A transcript written by ``koi-rlm`` or the proposer (``KOI_RLM_TRANSCRIPTS``) holds the
+round's inputs and every request, response and tool call (``koi.rlm.record``). The
+replay rebuilds the inputs, answers each request with the recorded response (after
+checking it is the same request), runs the tools again and validates the answer: it
+prints the accepted hypotheses and the dropped ones with their reasons, and whether they
+are the ones recorded. Exit 0: the same; 1: the replay diverged or differs; 2: the file
+cannot be read. Thin: the work is ``koi.rlm.record.replay_text``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+rlm_app = typer.Typer(help="The language-model hypothesis layer (docs/RLM.md).",
+                      no_args_is_help=True)
+
+
+@contextlib.contextmanager
+def _quiet_logs() -> Iterator[None]:
+    """The round's own log lines (structlog) only from warnings up, and on stderr."""
+    import structlog
+
+    before = structlog.get_config()
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+                        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    try:
+        yield
+    finally:
+        structlog.configure(**before)
+
+
+def _summary(result: Any) -> dict[str, Any]:
+    return {"round_id": result.round_id, "tick": result.tick, "ok": result.ok,
+            "reason": result.reason,
+            "accepted": [{"id": h.id, "claim": h.label(), "statement": h.statement,
+                          "tests": [f"{t.job_id}: {t.config.accelerator} tp{t.config.tp}"
+                                    for t in h.tests],
+                          "explore": [f"{e.job_id}: {e.knob} {list(e.values)}"
+                                      for e in h.explore],
+                          "expires_tick": h.expires_tick} for h in result.hypotheses],
+            "dropped": [{"index": d.index, "reason": d.reason} for d in result.dropped]}
+
+
+def same_as_recorded(result: Any, recorded: dict[str, Any]) -> bool:
+    """Whether the replay ended as the recorded round did (hypotheses and drops)."""
+    return (bool(recorded) and recorded.get("ok") == result.ok
+            and recorded.get("accepted") == [h.id for h in result.hypotheses]
+            and recorded.get("dropped") == [{"index": d.index, "reason": d.reason}
+                                            for d in result.dropped])
+
+
+@rlm_app.command("replay")
+def replay(
+    transcript: Annotated[Path, typer.Argument(help="A round's transcript (JSON lines).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Re-run a recorded round against its recorded answers (no model) and print the
+    hypotheses it accepts and drops, with the reasons."""
+    from koi.catalog import load_catalog
+    from koi.rlm.record import replay_text
+
+    console = Console(highlight=False)
+    try:
+        text = transcript.read_text(encoding="utf-8")
+        with _quiet_logs():  # stdout is the answer (JSON with --json)
+            rec, result = replay_text(text, load_catalog())
+    except (OSError, ValueError) as err:
+        console.print(f"[red]error:[/] {escape(str(transcript))}: {escape(str(err))}")
+        raise typer.Exit(2) from None
+    same = same_as_recorded(result, rec.recorded_end)
+    if as_json:
+        print(json.dumps({**_summary(result), "same_as_recorded": same}))
+        raise typer.Exit(0 if same else 1)
+    s = _summary(result)
+    head = "ok" if result.ok else f"failed: {result.reason}"
+    console.print(f"round {escape(s['round_id'])} at tick {s['tick']} "
+                  f"({escape(rec.transcript.of_kind('round_start')[0].get('model', '?'))}):"
+                  f" {escape(head)}")
+    for h in s["accepted"]:
+        console.print(f"  accepted {h['id']}: {escape(h['claim'])}"
+                      + (f" — {escape(h['statement'])}" if h["statement"] else ""))
+        for t in [*h["tests"], *h["explore"]]:
+            console.print(f"      test {escape(t)}")
+    for d in s["dropped"]:
+        console.print(f"  dropped #{d['index']}: {escape(d['reason'])}")
+    console.print("same hypotheses as recorded" if same else
+                  "[red]differs from the recorded round[/]")
+    raise typer.Exit(0 if same else 1)

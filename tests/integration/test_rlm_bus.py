@@ -1,0 +1,123 @@
+"""The hypothesis layer on the bus: every service as its own process, real NATS, the
+proposer pointed at a loopback model server that answers (a scripted valid hypothesis)
+only once the simulator has finished three ticks — the stronger form of "a slow model
+never slows a tick": were a tick waiting for the round, the answer would never come.
+Tied to ticks rather than to a fixed 5 s, it holds on a fast machine and a loaded one
+alike. The round's hypotheses are published on ``koi.tick.<n>.hypotheses`` with its
+events, widen a later tick's candidates, and its transcript replays."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+
+import pytest
+
+from koi import subjects
+from koi.catalog import load_catalog
+from koi.rlm.record import replay_text
+from koi.v1 import events_pb2
+from koi.wire import planning
+from koi.wire.hypotheses import decode_hypotheses
+from services.runtime.bus import Bus, delete_koi_state
+from services.runtime.busrun import BusRun
+from services.runtime.security import connect_nats
+from support import rlm_fleet as F
+from support.openai_replay import ReplayServer
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+HORIZON_S = 480.0   # 8 ticks: the answer comes after tick 2 and enters tick 4 or 5
+GATE_TICKS = 3      # ticks the simulator finishes before the model answers
+JOB = "chat-us-8b"  # hetero-3h, llama-3.1-8b, active from tick 0
+HYPOTHESIS = F.hypothesis_doc(
+    expires_tick=60, test={"configs": [{"job_id": JOB, "config": {
+        "accelerator": "l4", "tp": 1, "max_num_seqs": 96}}]})
+
+
+@pytest.fixture
+def nats_for_run(own_nats):
+    external = os.environ.get("KOI_NATS_URL")
+    if external:
+        asyncio.run(_reset(external))
+        return external
+    return own_nats().url
+
+
+async def _reset(url: str) -> None:
+    nc = await connect_nats(url)
+    await delete_koi_state(nc.jetstream())
+    await nc.close()
+
+
+async def _read(url: str, subject: str) -> list:
+    """Every stored message on ``subject`` (a wildcard), with its stream sequence."""
+    nc = await connect_nats(url)
+    bus = Bus(nc, "test")
+    sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
+    out = []
+    try:
+        while True:
+            msg = await sub.next_msg(timeout=0.5)
+            out.append((msg.subject, msg.metadata.sequence.stream, await bus.resolve(msg)))
+    except Exception:
+        pass
+    await nc.close()
+    return out
+
+
+def test_a_slow_round_never_holds_a_tick_and_its_hypotheses_enter_a_later_one(
+        nats_for_run, tmp_path) -> None:
+    gate = threading.Event()
+    script = [{"wait": gate, "wait_s": 120,
+               "content": json.dumps({"hypotheses": [HYPOTHESIS]})}]
+
+    def on_tick(done: int, sup) -> None:  # ticks the simulator has finished
+        if done >= GATE_TICKS:
+            gate.set()
+
+    env = {"KOI_RLM_BASE_URL": "", "KOI_RLM_MODEL": "replay-model",
+           "KOI_RLM_COOLDOWN_TICKS": "1000",  # one round: the first tick's
+           "KOI_RLM_TRANSCRIPTS": str(tmp_path / "rlm")}
+    with ReplayServer(script) as srv:
+        env["KOI_RLM_BASE_URL"] = srv.base_url
+        run = BusRun(nats_for_run, tmp_path / "logs", "hetero-3h", 1, HORIZON_S,
+                     extra_env=env).run(on_tick)
+        asked_at = srv.requests[0]["at"] if srv.requests else None
+    ticks = run.summary.ticks
+    assert asked_at is not None and len(run.decisions) == ticks
+
+    ticks_stream = asyncio.run(_read(nats_for_run, "koi.tick.>"))
+    seq = {s: n for s, n, _ in ticks_stream}
+    rounds = [(s, n, decode_hypotheses(d)) for s, n, d in ticks_stream
+              if s.endswith(".hypotheses")]
+    assert len(rounds) == 1, [s for s, _, _ in rounds]
+    subject, round_seq, outcome = rounds[0]
+    assert outcome.ok and outcome.round_tick == 0 and "first round" in outcome.triggers
+    assert [t.job_id for h in outcome.hypotheses for t in h.tests] == [JOB]
+    assert subjects.tick_of(subject) == outcome.enters_tick > outcome.round_tick
+    # the round's own tick and the next ones were planned while the model thought
+    for tick in range(outcome.round_tick, GATE_TICKS):
+        for stage in ("candidates", "plan", "actions"):
+            assert seq[subjects.tick_subject(tick, stage)] < round_seq, (tick, stage)
+    # and the ticks after it: the hypothesis's configuration is among their candidates
+    hid = outcome.hypotheses[0].id
+    widened = [subjects.tick_of(s) for s, _, d in ticks_stream if s.endswith(".candidates")
+               and any(hid in p.hypothesis for p in planning.decode_candidates(d)[2])]
+    assert widened and min(widened) >= outcome.enters_tick
+    assert outcome.enters_tick < ticks - 1, "the round ended too late to be taken up"
+
+    events = [events_pb2.OperatorEvent.FromString(d)
+              for _, _, d in asyncio.run(_read(nats_for_run, "koi.events.>"))]
+    mine = [(e.attributes.get("phase") or e.attributes.get("verdict"), e.service)
+            for e in events if e.kind in (events_pb2.EVENT_KIND_RLM_ROUND,
+                                          events_pb2.EVENT_KIND_HYPOTHESIS)]
+    assert mine == [("started", "proposer"), ("finished", "proposer"),
+                    ("accepted", "proposer")]
+
+    (path,) = (tmp_path / "rlm").glob("*.jsonl")
+    rec, again = replay_text(path.read_text(), load_catalog())
+    assert again.ok and [h.id for h in again.hypotheses] == [hid]
+    assert rec.recorded_end["accepted"] == [hid]
