@@ -6,10 +6,13 @@ One server of each per session, embedded from the wheels on free ports, or the o
 empty. Tests that stop or kill a server get their own from ``own_nats`` / ``own_valkey``.
 ``secure_nats`` is a NATS with TLS and one user per role (services/runtime/security.py);
 ``secure_bus`` connects to it as admin, with the same clean state as ``bus``.
+``nats_for_run`` is a NATS with no Koi state for a whole bus run (``BusRun``): a fresh
+embedded one, or the one at ``KOI_NATS_URL`` emptied.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -19,6 +22,7 @@ import pytest_asyncio
 from services.runtime.bus import Bus, connect, delete_koi_state
 from services.runtime.embedded import EmbeddedServer, start_nats, start_valkey
 from services.runtime.permissions import ADMIN
+from services.runtime.security import connect_nats
 
 
 @pytest.fixture(scope="session")
@@ -110,3 +114,19 @@ def own_nats() -> Iterator[Callable[[], EmbeddedServer]]:
 def own_valkey() -> Iterator[Callable[[], EmbeddedServer]]:
     """A factory of private embedded Valkey servers, all stopped after the test."""
     yield from _own(start_valkey)
+
+
+@pytest.fixture
+def nats_for_run(own_nats: Callable[[], EmbeddedServer]) -> str:
+    """A NATS with no Koi state: a fresh embedded one, or KOI_NATS_URL emptied."""
+    external = os.environ.get("KOI_NATS_URL")
+    if external:
+        asyncio.run(_empty(external))
+        return external
+    return own_nats().url
+
+
+async def _empty(url: str) -> None:
+    nc = await connect_nats(url)
+    await delete_koi_state(nc.jetstream())
+    await nc.close()

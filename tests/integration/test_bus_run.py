@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import signal
 import time
 
@@ -23,17 +22,13 @@ import pytest
 from koi import subjects
 from koi.catalog import load_catalog
 from koi.jobs import load_jobs_yaml
-from koi.metrics import metrics_for
-from koi.policies import make_policy
-from koi.scenario import load_scenario
-from koi.sim.simulator import Simulator
 from koi.v1 import events_pb2, jobs_pb2, plan_service_pb2, plan_service_pb2_grpc
 from koi.wire import planning
 from koi.wire.codec import encode_job
-from services.runtime.bus import delete_koi_state
 from services.runtime.busrun import BusRun
 from services.runtime.launcher import ALL
 from services.runtime.security import connect_nats
+from support import bus_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -42,34 +37,8 @@ HORIZON_S = 900.0          # 15 ticks of a minute
 EXAMPLE_JOB = "examples/jobs/chat-online.yaml"
 
 
-@pytest.fixture
-def nats_for_run(own_nats, tmp_path):
-    """A NATS with no Koi state: a fresh embedded one, or KOI_NATS_URL emptied."""
-    external = os.environ.get("KOI_NATS_URL")
-    if external:
-        asyncio.run(_reset(external))
-        return external
-    return own_nats().url
-
-
-async def _reset(url: str) -> None:
-    nc = await connect_nats(url)
-    await delete_koi_state(nc.jetstream())
-    await nc.close()
-
-
 def in_process(horizon_s: float, seed: int = 1):
-    cat = load_catalog()
-    scn = dataclasses.replace(load_scenario(SCENARIO), horizon_s=horizon_s)
-    policy = make_policy("koi", catalog=cat, seed=seed)
-    sim = Simulator(scn, seed=seed, catalog=cat)
-    decisions, telemetry = {}, []
-    while not sim.done:
-        snap = sim.snapshot()
-        decisions[snap.tick] = policy.decide(snap, telemetry)
-        sim.apply(decisions[snap.tick])
-        telemetry = sim.advance()
-    return decisions, metrics_for(sim.record("koi"), scn, cat)
+    return bus_runs.in_process(SCENARIO, horizon_s, seed)
 
 
 def _job():

@@ -19,23 +19,16 @@ and the score stays within a point.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from koi import subjects
-from koi.catalog import load_catalog
-from koi.metrics import metrics_for
-from koi.policies import make_policy
-from koi.scenario import load_scenario
-from koi.sim.simulator import Simulator
 from koi.wire import planning
-from services.runtime.bus import delete_koi_state
 from services.runtime.busrun import BusRun
 from services.runtime.security import connect_nats
+from support import bus_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -44,33 +37,8 @@ HORIZON_S = 480.0          # eight ticks of a minute
 UNLEARNT_TICKS = 4         # ticks 0-3: no deployment is steady yet (two running snapshots)
 
 
-@pytest.fixture
-def nats_for_run(own_nats):
-    external = os.environ.get("KOI_NATS_URL")
-    if external:
-        asyncio.run(_reset(external))
-        return external
-    return own_nats().url
-
-
-async def _reset(url: str) -> None:
-    nc = await connect_nats(url)
-    await delete_koi_state(nc.jetstream())
-    await nc.close()
-
-
 def in_process(horizon_s: float, seed: int = 1):
-    cat = load_catalog()
-    scn = dataclasses.replace(load_scenario(SCENARIO), horizon_s=horizon_s)
-    policy = make_policy("koi", catalog=cat, seed=seed)
-    sim = Simulator(scn, seed=seed, catalog=cat)
-    decisions, telemetry = {}, []
-    while not sim.done:
-        snap = sim.snapshot()
-        decisions[snap.tick] = policy.decide(snap, telemetry)
-        sim.apply(decisions[snap.tick])
-        telemetry = sim.advance()
-    return decisions, metrics_for(sim.record("koi"), scn, cat)
+    return bus_runs.in_process(SCENARIO, horizon_s, seed)
 
 
 def _telemetry_batches(url: str) -> dict[int, list]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 
 import pytest
@@ -21,7 +20,7 @@ from koi.rlm.record import replay_text
 from koi.v1 import events_pb2
 from koi.wire import planning
 from koi.wire.hypotheses import decode_hypotheses
-from services.runtime.bus import Bus, delete_koi_state
+from services.runtime.bus import Bus
 from services.runtime.busrun import BusRun
 from services.runtime.security import connect_nats
 from support import rlm_fleet as F
@@ -35,21 +34,6 @@ JOB = "chat-us-8b"  # hetero-3h, llama-3.1-8b, active from tick 0
 HYPOTHESIS = F.hypothesis_doc(
     expires_tick=60, test={"configs": [{"job_id": JOB, "config": {
         "accelerator": "l4", "tp": 1, "max_num_seqs": 96}}]})
-
-
-@pytest.fixture
-def nats_for_run(own_nats):
-    external = os.environ.get("KOI_NATS_URL")
-    if external:
-        asyncio.run(_reset(external))
-        return external
-    return own_nats().url
-
-
-async def _reset(url: str) -> None:
-    nc = await connect_nats(url)
-    await delete_koi_state(nc.jetstream())
-    await nc.close()
 
 
 async def _read(url: str, subject: str) -> list:

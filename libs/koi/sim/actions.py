@@ -10,17 +10,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from koi.action_checks import ActionRefused, placed_config
 from koi.catalog import Offering
 from koi.cluster import Action, ActionKind, ActionOutcome
-from koi.space import DeploymentConfig, validate
+from koi.space import DeploymentConfig
 
 if TYPE_CHECKING:
     from koi.sim.fleet import Dep
     from koi.sim.simulator import Simulator
 
 
-class Refused(Exception):
-    """An action that cannot be applied; the message is the reason."""
+Refused = ActionRefused   # an action that cannot be applied; the message is the reason
 
 
 def apply_action(sim: Simulator, a: Action) -> ActionOutcome:
@@ -51,24 +51,10 @@ def _dep(sim: Simulator, a: Action) -> Dep:
 
 
 def _config(sim: Simulator, a: Action, model: str) -> tuple[DeploymentConfig, Offering]:
-    cfg = a.config
-    if cfg is None:
-        raise Refused(f"{a.kind.value} needs a config")
-    if cfg.model != model:
-        raise Refused(f"config serves {cfg.model}, but the job's model is {model}")
-    off_id = a.offering or cfg.offering
-    if not off_id:
-        raise Refused("no offering given (action.offering or config.offering)")
-    if cfg.offering and a.offering and cfg.offering != a.offering:
-        raise Refused(f"action offering {a.offering} differs from config.offering"
-                      f" {cfg.offering}")
-    cfg = cfg.with_(offering=off_id)
-    errors = validate(cfg, sim.catalog)
-    if errors:
-        raise Refused("invalid config: " + "; ".join(str(e) for e in errors))
+    cfg, off = placed_config(a, sim.catalog, model)
     if cfg.pd_disaggregation:
         raise Refused("pd_disaggregation is not simulated")
-    return cfg, sim.catalog.offering(off_id)
+    return cfg, off
 
 
 def _need(sim: Simulator, offering: str, gpus: int) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from koi.action_checks import ActionRefused, placed_config
 from koi.catalog import Catalog, Offering
 from koi.cluster import Action, ActionKind, ActionOutcome, PlanDecision
 from koi.fleet.k8s import names as N
@@ -39,7 +40,7 @@ from koi.fleet.k8s.manifests import (
     render_service,
 )
 from koi.fleet.k8s.observe import Running
-from koi.space import DeploymentConfig, validate
+from koi.space import DeploymentConfig
 
 
 class Op(StrEnum):
@@ -91,8 +92,7 @@ class Plan:
         return [line for o in self.operations for line in o.diff]
 
 
-class Refused(Exception):
-    """An action that cannot be carried out; the message is the reason."""
+Refused = ActionRefused   # an action that cannot be carried out; the message is the reason
 
 
 NewId = Callable[[Action, int], str]
@@ -179,20 +179,7 @@ def _active(ctx: _Ctx, a: Action) -> Running:
 
 
 def _config(ctx: _Ctx, a: Action) -> tuple[DeploymentConfig, Offering]:
-    cfg = a.config
-    if cfg is None:
-        raise Refused(f"{a.kind.value} needs a config")
-    off_id = a.offering or cfg.offering
-    if not off_id:
-        raise Refused("no offering given (action.offering or config.offering)")
-    if cfg.offering and a.offering and cfg.offering != a.offering:
-        raise Refused(f"action offering {a.offering} differs from config.offering"
-                      f" {cfg.offering}")
-    cfg = cfg.with_(offering=off_id)
-    errors = validate(cfg, ctx.catalog)
-    if errors:
-        raise Refused("invalid config: " + "; ".join(str(e) for e in errors))
-    return cfg, ctx.catalog.offering(off_id)
+    return placed_config(a, ctx.catalog)
 
 
 def _fresh_id(ctx: _Ctx, a: Action, i: int) -> tuple[str, Running | None]:

@@ -1,0 +1,30 @@
+"""The in-process reference a bus run is compared with (tests/integration/test_*bus*.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from koi.catalog import load_catalog
+from koi.cluster import PlanDecision
+from koi.metrics import RunMetrics, metrics_for
+from koi.policies import make_policy
+from koi.scenario import load_scenario
+from koi.sim.simulator import Simulator
+
+
+def in_process(scenario: str, horizon_s: float, seed: int = 1
+               ) -> tuple[dict[int, PlanDecision], RunMetrics]:
+    """Koi on ``scenario`` cut to ``horizon_s``, in one process: each tick's decision and
+    the run's metrics."""
+    cat = load_catalog()
+    scn = dataclasses.replace(load_scenario(scenario), horizon_s=horizon_s)
+    policy = make_policy("koi", catalog=cat, seed=seed)
+    sim = Simulator(scn, seed=seed, catalog=cat)
+    decisions: dict[int, PlanDecision] = {}
+    telemetry: list = []
+    while not sim.done:
+        snap = sim.snapshot()
+        decisions[snap.tick] = policy.decide(snap, telemetry)
+        sim.apply(decisions[snap.tick])
+        telemetry = sim.advance()
+    return decisions, metrics_for(sim.record("koi"), scn, cat)
