@@ -153,7 +153,9 @@ def test_sglang_flags_carry_every_knob():
               "--context-length": "32768", "--page-size": "64", "--port": "30000"}
     for flag, value in expect.items():
         assert flag_value(args, flag) == value, flag
-    for flag in ("--enable-dp-attention", "--disable-radix-cache", "--disable-cuda-graph"):
+    # --enable-metrics: SGLang serves /metrics only when asked (engine-metrics reads it)
+    for flag in ("--enable-dp-attention", "--disable-radix-cache", "--disable-cuda-graph",
+                 "--enable-metrics"):
         assert flag in args
 
 
@@ -421,3 +423,4 @@ def test_schema_validator_rejects_what_kubernetes_would():
     bad2 = json.loads(json.dumps(body))
     bad2["spec"]["template"]["spec"]["volumes"][0]["hostPath"] = {"path": "/"}
     assert any("not in the stored subset" in e for e in validate(bad2))
+

@@ -14,8 +14,8 @@ flags that carry Koi's knobs, checked against the engines' own documentation:
   --disable-custom-all-reduce, --distributed-executor-backend.
 - SGLang ``python3 -m sglang.launch_server`` (docs.sglang.io "Server Arguments"; the
   LeaderWorkerSet example in kubernetes-sigs/lws docs/examples/sglang for multi-node):
-  --model-path, --tp-size, --pp-size, --dp-size, --enable-dp-attention, --ep-size,
-  --mem-fraction-static, --max-running-requests, --chunked-prefill-size (-1 = off),
+  --model-path, --tp-size, --pp-size, --enable-metrics, --dp-size, --enable-dp-attention,
+  --ep-size, --mem-fraction-static, --max-running-requests, --chunked-prefill-size (-1 = off),
   --max-prefill-tokens, --kv-cache-dtype, --disable-radix-cache, --disable-cuda-graph,
   --context-length, --page-size, --quantization, --dtype, --speculative-algorithm,
   --speculative-num-draft-tokens, --speculative-draft-model-path, --schedule-policy,
@@ -201,7 +201,9 @@ def sglang_args(cfg: DeploymentConfig, model: Model, w: Weights, draft: str,
     # SGLang's TP group spans the attention-DP ranks: --tp-size is every GPU of a stage
     a = ["--model-path", w.path, "--served-model-name", model.id,
          "--host", "0.0.0.0", "--port", str(PORTS["sglang"]),
-         "--tp-size", str(cfg.tp * cfg.dp_attention), "--pp-size", str(cfg.pp)]
+         "--tp-size", str(cfg.tp * cfg.dp_attention), "--pp-size", str(cfg.pp),
+         # SGLang serves /metrics only when asked; engine-metrics reads it (docs/FLEETS.md)
+         "--enable-metrics"]
     if cfg.dp_attention > 1:
         a += ["--dp-size", str(cfg.dp_attention), "--enable-dp-attention"]
     if cfg.ep > 1:
