@@ -215,3 +215,12 @@ def test_cli_refuses_a_path_that_does_not_exist(tmp_path: Path) -> None:
                                      str(tmp_path / "r.md")])
     assert res.exit_code == 2 and "no such file or directory" in res.output
     assert not (tmp_path / "r.md").exists()
+
+
+def test_policies_that_need_a_model_are_named_not_numbered() -> None:
+    files = [RunFile("out/x/runs.jsonl", tuple(hand_suite()))]
+    text = render(files, command="koi bench report", date="today", shipped=(),
+                  needs_model=("koi-rlm", "llm-only", "koi"))
+    # koi ran: only the two with no runs are listed as needing an endpoint
+    assert "**Needs an endpoint:** `koi-rlm`, `llm-only` plan with a language model" in text
+    assert "needs an endpoint" not in page(hand_suite()).lower()

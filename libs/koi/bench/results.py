@@ -118,11 +118,22 @@ def stamp(record: Record) -> Record:
 # --- rendering (pure) --------------------------------------------------------------------
 
 def render(files: Sequence[RunFile], *, command: str, date: str,
-           shipped: Sequence[str]) -> str:
-    """The whole document. ``shipped``: the shipped scenarios' names, in table order."""
+           shipped: Sequence[str], needs_model: Sequence[str] = ()) -> str:
+    """The whole document. ``shipped``: the shipped scenarios' names, in table order;
+    ``needs_model``: the registered policies that need a language-model endpoint (those
+    the runs do not hold are listed as "needs an endpoint", never given a number)."""
     suites, scenarios = split_runs(files)
     records = [r for f in files for r in f.records]
-    parts = [_header(files, records, command, date), "## Suite summary\n"]
+    parts = [_header(files, records, command, date)]
+    ran = {str(r["policy"]) for r in records}
+    missing = [p for p in needs_model if p not in ran]
+    if missing:
+        parts.append("**Needs an endpoint:** " + ", ".join(f"`{p}`" for p in missing)
+                     + " plan with a language model (an OpenAI-compatible server named by "
+                     "`KOI_RLM_BASE_URL` and `KOI_RLM_MODEL`, docs/RLM.md). None could be "
+                     "reached from the machines these runs were made on, so these rows "
+                     "have no numbers.\n")
+    parts.append("## Suite summary\n")
     parts += [_suite(s) for s in suites] or ["No generated-suite runs (`koi bench suite`) "
                                              "in these files.\n"]
     parts.append("## Shipped scenarios\n")
