@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from koi.rlm.settings import env_table as rlm_env_table
+
 # name → (default, meaning)
 ENV: dict[str, tuple[str, str]] = {
     "KOI_NATS_URL": ("nats://127.0.0.1:4222", "NATS server(s), comma-separated; tls://… "
@@ -62,44 +64,9 @@ ENV: dict[str, tuple[str, str]] = {
     "KOI_SCRAPE_CONCURRENCY": ("8", "engine-metrics: pages (or queries) read at once"),
 }
 # The proposer's language-model hypothesis layer (docs/RLM.md): koi.rlm.settings.RlmSettings
-# reads and checks these itself (RlmSettings.from_env; every field is one variable, and
-# tests/unit/test_rlm_wiring.py checks the two agree). Off unless a model is named.
-ENV.update({
-    "KOI_RLM_BASE_URL": ("", "OpenAI-compatible endpoint (vLLM :8000/v1, Ollama :11434/v1, a"
-                         " hosted API); with KOI_RLM_MODEL it turns the layer on"),
-    "KOI_RLM_MODEL": ("", "model name the endpoint serves; empty = no hypothesis rounds"),
-    "KOI_RLM_ENABLED": ("false", "true: rounds on the default URL (http://localhost:8000/v1)"
-                        " when only KOI_RLM_MODEL is set"),
-    "KOI_RLM_API_KEY": ("", "bearer key (prefer KOI_RLM_API_KEY_FILE); empty for local servers"),
-    "KOI_RLM_API_KEY_FILE": ("", "file holding that key (a mounted Secret)"),
-    "KOI_RLM_TRANSCRIPTS": ("", "directory for each round's transcript (koi rlm replay);"
-                            " empty = none"),
-    "KOI_RLM_STRUCTURED_OUTPUT": ("true", "ask for the answer by response_format json_schema"),
-    "KOI_RLM_TEMPERATURE": ("0.0", "sampling temperature"),
-    "KOI_RLM_CALL_TIMEOUT_S": ("60.0", "wall-clock limit of one model call"),
-    "KOI_RLM_ROUND_WALL_S": ("180.0", "wall-clock limit of a whole round"),
-    "KOI_RLM_MAX_COMPLETION_TOKENS": ("2048", "completion tokens one call may produce"),
-    "KOI_RLM_MAX_TOKENS_PER_CALL": ("32000", "prompt + completion tokens of one call"),
-    "KOI_RLM_MAX_TOKENS_PER_ROUND": ("120000", "tokens a round may spend, all depths"),
-    "KOI_RLM_MAX_TOKENS_PER_HOUR": ("600000", "tokens the layer may spend per hour"),
-    "KOI_RLM_USD_PER_1K_PROMPT_TOKENS": ("0.0", "price of 1k prompt tokens ($)"),
-    "KOI_RLM_USD_PER_1K_COMPLETION_TOKENS": ("0.0", "price of 1k completion tokens ($)"),
-    "KOI_RLM_MAX_USD_PER_ROUND": ("1.0", "dollars a round may spend"),
-    "KOI_RLM_MAX_USD_PER_HOUR": ("5.0", "dollars the layer may spend per hour"),
-    "KOI_RLM_MAX_CALLS_PER_ROUND": ("16", "model calls a round may make, all depths"),
-    "KOI_RLM_MAX_CALLS_PER_HOUR": ("240", "model calls the layer may make per hour"),
-    "KOI_RLM_MAX_TOOL_CALLS_PER_ROUND": ("24", "tool calls a round may answer"),
-    "KOI_RLM_MAX_DEPTH": ("2", "deepest sub-model level (0-2)"),
-    "KOI_RLM_CACHE_ENTRIES": ("128", "replies kept for identical requests"),
-    "KOI_RLM_CONTEXT_MAX_CHARS": ("24000", "size cap of the fleet context (JSON characters)"),
-    "KOI_RLM_MAX_HYPOTHESES": ("8", "hypotheses a round may propose"),
-    "KOI_RLM_MAX_TTL_TICKS": ("120", "furthest a hypothesis may expire after its round"),
-    "KOI_RLM_MAX_CANDIDATES_PER_JOB": ("8", "extra candidates hypotheses add per job and tick"),
-    "KOI_RLM_TRIGGER_PERIOD_TICKS": ("30", "run a round at least every K ticks"),
-    "KOI_RLM_BREACH_STREAK_TICKS": ("3", "SLO-breaching ticks in a row that trigger a round"),
-    "KOI_RLM_RESIDUAL_SHIFT": ("0.25", "shift of a median |log residual| that triggers one"),
-    "KOI_RLM_COOLDOWN_TICKS": ("3", "ticks after a round before the next may run"),
-})
+# reads and checks these itself (RlmSettings.from_env; every field is one variable, its
+# default and meaning taken from the field). Off unless a model is named.
+ENV.update(rlm_env_table())
 
 # numeric variables: name → (type, lowest, highest), both ends allowed
 BOUNDS: dict[str, tuple[type, float, float]] = {

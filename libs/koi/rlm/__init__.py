@@ -18,15 +18,41 @@ Domain code plus the ``openai`` client: no NATS, gRPC or Redis imports. docs/RLM
 
 from __future__ import annotations
 
-from koi.rlm.adopt import HypothesisPrior, candidate_proposals, priors, widen, with_priors
-from koi.rlm.client import ChatClient, RoundFailed, Spend
-from koi.rlm.context import FleetContext, build_context
-from koi.rlm.hierarchy import RoundInputs, RoundResult, replay, run_round
-from koi.rlm.hypothesis import Dropped, Hypothesis, SearchSpace, accept, validate
-from koi.rlm.settings import RlmSettings
-from koi.rlm.tools import Toolbox, ToolContext
-from koi.rlm.transcript import Transcript
-from koi.rlm.triggers import TickSignals, TriggerState, ran, triggers
+import importlib
+from typing import Any
+
+# what each name is, and where it lives: loaded on first use, so reading the settings
+# (services.runtime.settings does, in every process) does not import the predictor,
+# the planner and the openai client behind the round
+_WHERE = {
+    "ChatClient": "client",
+    "Dropped": "hypothesis",
+    "FleetContext": "context",
+    "Hypothesis": "hypothesis",
+    "HypothesisPrior": "adopt",
+    "RlmSettings": "settings",
+    "RoundFailed": "client",
+    "RoundInputs": "hierarchy",
+    "RoundResult": "hierarchy",
+    "SearchSpace": "hypothesis",
+    "Spend": "client",
+    "TickSignals": "triggers",
+    "ToolContext": "tools",
+    "Toolbox": "tools",
+    "Transcript": "transcript",
+    "TriggerState": "triggers",
+    "accept": "hypothesis",
+    "build_context": "context",
+    "candidate_proposals": "adopt",
+    "priors": "adopt",
+    "ran": "triggers",
+    "replay": "hierarchy",
+    "run_round": "hierarchy",
+    "triggers": "triggers",
+    "validate": "hypothesis",
+    "widen": "adopt",
+    "with_priors": "adopt",
+}
 
 __all__ = [
     "ChatClient",
@@ -57,3 +83,9 @@ __all__ = [
     "widen",
     "with_priors",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'koi.rlm' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"koi.rlm.{_WHERE[name]}"), name)

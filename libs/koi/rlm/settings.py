@@ -164,11 +164,20 @@ def endpoint_configured(environ: Mapping[str, str] | None = None) -> bool:
         return False
 
 
-def env_variables() -> dict[str, str]:
-    """``KOI_RLM_*`` name → description, for docs and ``--help``."""
-    out = {ENV_PREFIX + n.upper(): f.description or "" for n, f in
-           RlmSettings.model_fields.items()}
-    out[ENV_PREFIX + "API_KEY_FILE"] = "File holding the API key (a mounted Secret)."
+def env_table() -> dict[str, tuple[str, str]]:
+    """``KOI_RLM_*`` name → (default as the environment spells it, meaning): the services'
+    one list of variables (``services.runtime.settings.ENV``) takes these from here, so
+    each knob is defined once. ``KOI_RLM_BASE_URL`` shows as empty: unset, the layer has
+    no endpoint (the field's default URL is used only with ``KOI_RLM_ENABLED``)."""
+    out: dict[str, tuple[str, str]] = {}
+    for name, f in RlmSettings.model_fields.items():
+        default = f.default
+        if isinstance(default, SecretStr):
+            default = default.get_secret_value()
+        text = str(default).lower() if isinstance(default, bool) else str(default)
+        out[ENV_PREFIX + name.upper()] = ("" if name == "base_url" else text,
+                                          f.description or "")
+    out[ENV_PREFIX + "API_KEY_FILE"] = ("", "File holding the API key (a mounted Secret).")
     return out
 
 
