@@ -104,6 +104,10 @@ def bench(
     jobs: Annotated[bool, Opt("--jobs/--no-jobs", help="Also a per-job table (SLO met,"
                               " batch progress, GPU-hours by family, swaps / relaunches /"
                               " scales), jobs.csv, and per-job rows in the JSON.")] = False,
+    telemetry: Annotated[str, Opt(help="What the policies read: sim (the simulator's own"
+                                  " telemetry) or pages (the same read back from the"
+                                  " simulated engines' /metrics pages, as from a real"
+                                  " fleet).")] = "sim",
 ) -> None:
     """Run policies through simulated scenarios: the preprint's table columns, mean ±
     half-range over seeds, as a rich table, markdown and CSV."""
@@ -116,7 +120,7 @@ def bench(
                   policies=[*(policy or []), *split_list([policies or ""])],
                   seeds=[*(seed or []), *parse_seeds(split_list([seeds or ""]))],
                   json_out=json_out, out=out, sample_fraction=sample_fraction, plots=plots,
-                  jobs=jobs)
+                  jobs=jobs, telemetry_path=telemetry)
 
 
 @bench_app.command("predictor")
