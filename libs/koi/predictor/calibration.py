@@ -42,6 +42,9 @@ PRIORS: dict[str, dict[str, float]] = {
     "engine_ovh_seq_us": {"vllm": 10.0, "sglang": 8.0, "trtllm": 3.0},
     "engine_ttft_ms": {"vllm": 8.0, "sglang": 6.0, "trtllm": 5.0},
     "link": {"nvlink": 0.7, "pcie": 0.5, "infinity_fabric": 0.6, "roce": 0.5},
+    # measured kernel time (tables.py) → a pass inside the engine, per engine: the tables
+    # leave out norms, rotary embedding, activations, quantisation and launch gaps
+    "kernel_scale": {"_default": 1.25},
     # structural constants shared by every part
     "global": {"attn_mem": 0.7, "moe_eff": 0.6, "serial_frac": 0.3},
 }
@@ -82,6 +85,10 @@ class Calibration:
 
     def ttft_overhead_s(self, engine: str) -> float:
         return self.get("engine_ttft_ms", engine) * 1e-3
+
+    def kernel_scale(self, engine: str) -> float:
+        """Multiplier from the kernel tables' summed kernel time to the engine's pass."""
+        return self.get("kernel_scale", engine)
 
     def global_(self, key: str) -> float:
         return self.get("global", key)

@@ -37,13 +37,13 @@ from koi.predictor.reference import predict_reference
 # log-space prior spread per group: how far the data may pull a factor from its prior
 PRIOR_SIGMA = {"mem": 0.25, "comp": 0.35, "precision_comp": 0.25, "engine_mem": 0.15,
                "engine_comp": 0.15, "engine_ovh_base_ms": 0.7, "engine_ovh_seq_us": 0.7,
-               "engine_ttft_ms": 0.7, "link": 0.4, "global": 0.4}
+               "engine_ttft_ms": 0.7, "link": 0.4, "global": 0.4, "kernel_scale": 0.3}
 # tolerance per metric kind (log-space): TTFT is noisier than throughput in public data
 OBS_SIGMA = {"throughput": 0.15, "tpot": 0.2, "ttft": 0.3}
 BOUNDS = {"mem": (0.2, 0.95), "comp": (0.1, 0.9), "precision_comp": (0.3, 1.2),
           "engine_mem": (0.5, 1.05), "engine_comp": (0.5, 1.05),
           "engine_ovh_base_ms": (0.05, 20.0), "engine_ovh_seq_us": (0.1, 100.0),
-          "engine_ttft_ms": (0.1, 40.0), "link": (0.1, 0.95)}
+          "engine_ttft_ms": (0.1, 40.0), "link": (0.1, 0.95), "kernel_scale": (0.5, 3.0)}
 GLOBAL_BOUNDS = {"attn_mem": (0.3, 1.0), "moe_eff": (0.2, 1.0), "serial_frac": (0.02, 1.0)}
 
 
@@ -63,10 +63,16 @@ def _prior(group: str, key: str) -> float:
     return table.get(key, table.get("_default", 1.0))
 
 
-def parameters_for(cases: Sequence[Case], cat: Catalog) -> list[Param]:
-    """The factors that at least one case depends on."""
+def parameters_for(cases: Sequence[Case], cat: Catalog, kernels: bool = False
+                   ) -> list[Param]:
+    """The factors that at least one case depends on (with ``kernels``, the kernel-time
+    scale of each engine whose cases the kernel tables cover)."""
     keys: set[tuple[str, str]] = set()
-    for case in cases:
+    X = build_inputs([(c.config, c.workload) for c in cases], cat, prior_calibration(),
+                     kernels=True) if kernels else None
+    for j, case in enumerate(cases):
+        if X is not None and X[IN["ktab"], j] >= 0:
+            keys.add(("kernel_scale", case.config.engine))
         cfg = case.config
         accel = cat.accelerator(cfg.accelerator)
         keys |= {("mem", accel.id), ("comp", accel.id),
@@ -94,9 +100,11 @@ def calibration_from_vector(params: Sequence[Param], theta: np.ndarray,
 class _Objective:
     """Residuals of a parameter vector; rebuilds only the calibration rows of X."""
 
-    def __init__(self, cases: Sequence[Case], params: Sequence[Param], cat: Catalog) -> None:
+    def __init__(self, cases: Sequence[Case], params: Sequence[Param], cat: Catalog,
+                 kernels: bool = False) -> None:
         self.cases, self.params, self.cat = list(cases), list(params), cat
-        self.X = build_inputs([(c.config, c.workload) for c in cases], cat, prior_calibration())
+        self.X = build_inputs([(c.config, c.workload) for c in cases], cat, prior_calibration(),
+                              kernels=kernels)
         self.rows = [(OUT[METRIC_OUT[c.metric][0]], METRIC_OUT[c.metric][1]) for c in cases]
         self.obs_sigma = np.array([OBS_SIGMA[c.kind] for c in cases])
         self.log_value = np.log([c.value for c in cases])
@@ -121,15 +129,16 @@ class _Objective:
 
 
 def fit(cases: Sequence[Case], catalog: Catalog | None = None,
-        priors: Calibration | None = None) -> Calibration:
+        priors: Calibration | None = None, kernels: bool = False) -> Calibration:
     """MAP fit of the factor table on these cases; ``priors`` replaces the built-in prior
-    of every factor it holds (the spreads stay ``PRIOR_SIGMA``)."""
+    of every factor it holds (the spreads stay ``PRIOR_SIGMA``). With ``kernels`` the
+    cases the kernel tables cover are predicted from them (and their scale is fitted)."""
     cat = catalog or load_catalog()
-    params = parameters_for(cases, cat)
+    params = parameters_for(cases, cat, kernels)
     if priors is not None:
         params = [replace(p, prior=priors.factors.get(p.group, {}).get(p.key, p.prior))
                   for p in params]
-    objective = _Objective(cases, params, cat)
+    objective = _Objective(cases, params, cat, kernels)
     lo = np.log([p.bounds[0] for p in params])
     hi = np.log([p.bounds[1] for p in params])
     theta0 = np.clip(objective.prior, lo + 1e-6, hi - 1e-6)
@@ -140,8 +149,8 @@ def fit(cases: Sequence[Case], catalog: Catalog | None = None,
     return calibration_from_vector(params, result.x, meta)
 
 
-def cross_validate(cases: Sequence[Case], catalog: Catalog | None = None
-                   ) -> list[tuple[Case, float]]:
+def cross_validate(cases: Sequence[Case], catalog: Catalog | None = None,
+                   kernels: bool = False) -> list[tuple[Case, float]]:
     """Leave-one-source-out: each case predicted by a table fitted without its source."""
     from koi.predictor.accuracy import predict_cases
 
@@ -150,8 +159,8 @@ def cross_validate(cases: Sequence[Case], catalog: Catalog | None = None
     for source in sorted({c.source for c in cases}):
         train = [c for c in cases if c.source != source]
         test = [c for c in cases if c.source == source]
-        cal = fit(train, cat)
-        out += [(r.case, r.predicted) for r in predict_cases(test, cat, cal)]
+        cal = fit(train, cat, kernels=kernels)
+        out += [(r.case, r.predicted) for r in predict_cases(test, cat, cal, kernels=kernels)]
     return out
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from koi.predictor import tables
 from koi.predictor.columns import (
     IN,
     MODE_BURST,
@@ -79,6 +80,15 @@ def pass_time(X: np.ndarray, b: np.ndarray, p: np.ndarray, ctx_dec: np.ndarray,
     roof = np.maximum(t_mem, t_comp) + c("serial_frac") * np.minimum(t_mem, t_comp)
     stage = roof + t_comm
     total = stage * (pp / micro) + ovh
+    k = c("ktab").astype(np.int64)
+    has = k >= 0
+    if has.any():
+        # measured kernels (pp = 1, dp = 1 only): their sum, scaled, replaces the roofline
+        # and its collectives; the roofline's t_mem/t_comp stay as the mediators' shares
+        kern, ar = tables.pass_from_tables(tables.REGISTRY.curves(), np.maximum(k, 0), b, p,
+                                           ctx_dec, 2.0 * ctx_pre)
+        total = np.where(has, kern * c("kscale") + ovh, total)
+        t_comm = np.where(has, ar * c("kscale"), t_comm)
     return total, t_mem, t_comp, t_comm
 
 
