@@ -139,7 +139,7 @@ def moe_table(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     # that measured it
     rank = np.array([(MOE_SOURCES.index(s) if s in MOE_SOURCES else 99) * 10
                      + (DISTRIBUTIONS.index(d) if d in DISTRIBUTIONS else 9)
-                     for s, d in zip(t["kernel_source"], t["distribution"])])
+                     for s, d in zip(t["kernel_source"], t["distribution"], strict=False)])
     keys = np.unique(key[keep], axis=0)
     tokens = np.unique(t["num_tokens"][keep])
     out = np.full((len(keys), len(tokens)), np.nan)
@@ -152,7 +152,7 @@ def moe_table(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
                 out[i, j] = np.median(t["latency"][sel])
     return {"moe": out, "moe_keys": keys.astype(np.int32), "moe_tokens": tokens,
             "moe_dtypes": np.array(MOE_DTYPES),
-            "moe_key_columns": np.array(("dtype",) + cols)}
+            "moe_key_columns": np.array(("dtype", *cols))}
 
 
 def extract(repo: Path, commit: str, system: str, version: str) -> dict[str, np.ndarray]:

@@ -44,7 +44,7 @@ def predict_cases(cases: Sequence[Case], catalog: Catalog | None = None,
     from koi.predictor.api import evaluate_matrix
 
     cat = catalog or load_catalog()
-    cal = calibration or load_calibration()
+    cal = calibration or load_calibration(kernels=kernels)
     X = build_inputs([(c.config, c.workload) for c in cases], cat, cal, kernels=kernels)
     Y = evaluate_matrix(X, backend=backend)
     out = []

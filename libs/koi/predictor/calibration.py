@@ -29,6 +29,8 @@ from typing import Any
 import yaml
 
 CALIBRATION_FILE = Path(__file__).parent / "data" / "calibration.yaml"
+# the table fitted with passes timed from the kernel tables where they cover a config
+KERNELS_CALIBRATION_FILE = Path(__file__).parent / "data" / "calibration_kernels.yaml"
 
 # Prior means (and the log-space spread the fit may move them by).
 PRIORS: dict[str, dict[str, float]] = {
@@ -115,10 +117,23 @@ def calibration_from_dict(data: dict[str, Any]) -> Calibration:
                        meta=dict(data.get("meta", {}) or {}))
 
 
+def calibration_file(kernels: bool | None = None) -> Path:
+    """The fitted table's file for the roofline or the kernel-table predictor (None: the
+    predictor's default, ``tables.DEFAULT``)."""
+    from koi.predictor.tables import DEFAULT
+
+    use = DEFAULT if kernels is None else kernels
+    return KERNELS_CALIBRATION_FILE if use else CALIBRATION_FILE
+
+
+def load_calibration(path: Path | None = None, kernels: bool | None = None) -> Calibration:
+    """The fitted table (or the priors when no file has been fitted yet): ``path``, else
+    the one fitted for the kernel-table or roofline predictor (``calibration_file``)."""
+    return _load(path or calibration_file(kernels))
+
+
 @lru_cache(maxsize=4)
-def load_calibration(path: Path | None = None) -> Calibration:
-    """The fitted table (or the priors when no file has been fitted yet)."""
-    target = path or CALIBRATION_FILE
+def _load(target: Path) -> Calibration:
     if not target.exists():
         return prior_calibration()
     with target.open() as fh:

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from koi.catalog import Accelerator, Catalog, Engine, Model, load_catalog
-from koi.predictor.calibration import Calibration, load_calibration
 from koi.predictor import tables
+from koi.predictor.calibration import Calibration, load_calibration
 from koi.predictor.columns import (
     IN,
     MODE_BURST,
@@ -189,8 +189,8 @@ def build_inputs(pairs: Sequence[tuple[DeploymentConfig, Workload]],
     loads every tick.
     """
     cat = catalog or load_catalog()
-    cal = calibration or load_calibration()
     use_tables = tables.DEFAULT if kernels is None else kernels
+    cal = calibration or load_calibration(kernels=use_tables)
     X = np.zeros((N_IN, len(pairs)))
     if len(_STATIC) > _STATIC_MAX:
         _STATIC.clear()

@@ -12,8 +12,8 @@ weight precision, KV dtype) this module *compiles* them once into a dense row of
 * ``G(b, c)``: decode attention of b sequences at c cached tokens, all layers;
 * ``C(q, s)``: prefill attention of q prompts of s tokens, all layers;
 
-so that a pass is ``L(b+p) + A(b+p) + H(b + p/s) + G(b, ctx_dec) + C(p/s, s)`` with a few
-interpolations (``pass_from_tables``; the numba twin is in ``kernel.py``). Shards the
+so that a pass is ``L(b+p) + A(b+p) + H(b) + (p/s)·H(1) + G(b, ctx_dec) + C(p/s, s)``
+with a few interpolations (``pass_from_tables``; the numba twin is in ``kernel.py``). Shards the
 tables do not cover (other parts and engines, pipeline or attention-DP parallelism, MLA,
 shapes never measured) get no row and the roofline serves them.
 
@@ -89,10 +89,7 @@ def _interp(xs: np.ndarray, ys: np.ndarray, x: np.ndarray, *, log: bool = False
         return np.full(x.shape, np.nan)
     if len(xs) == 1:
         return np.where(x > xs[0], ys[0] * x / xs[0], ys[0])
-    if log:
-        inside = np.exp(np.interp(np.log(x), np.log(xs), np.log(ys)))
-    else:
-        inside = np.interp(x, xs, ys)
+    inside = np.exp(np.interp(np.log(x), np.log(xs), np.log(ys))) if log else np.interp(x, xs, ys)
     slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
     return np.where(x > xs[-1], ys[-1] + slope * (x - xs[-1]), inside)
 
@@ -162,7 +159,7 @@ def _attention_slice(t: SystemTables, prefix: str, kv: str, heads: int, kv_heads
     axes = [list(a[f"{prefix}_head_dim"]), list(a[f"{prefix}_heads"]),
             list(a[f"{prefix}_kv_heads"])]
     want = (head_dim, heads, kv_heads)
-    if any(w not in ax for w, ax in zip(want, axes)):
+    if any(w not in ax for w, ax in zip(want, axes, strict=False)):
         return None
     kv_i = ("bfloat16", "fp8").index(kv)
     return a[f"{prefix}_attn"][kv_i, axes[0].index(head_dim), axes[1].index(heads),
@@ -203,37 +200,15 @@ def shard_row(model: Model, cfg: DeploymentConfig, accelerator: str
     dtype = GEMM_DTYPE.get(cfg.weight_precision)
     if t is None or dtype is None:
         return None, f"no {cfg.weight_precision} kernels for {accelerator}"
-    tp, ep = cfg.tp, max(cfg.ep, 1)
+    tp = cfg.tp
     kv = "fp8" if cfg.kv_dtype == KvDtype.FP8 else "bfloat16"
-    h, hd = model.hidden_size, model.head_dim
     heads, kv_heads = model.num_attention_heads // tp, max(model.num_kv_heads // tp, 1)
-    q_width, kv_width = heads * hd, kv_heads * hd
-    parts = [gemm_curve(t, dtype, q_width + 2 * kv_width, h), gemm_curve(t, dtype, h, q_width)]
-    head = gemm_curve(t, dtype, model.vocab_size // tp, h)
-    ar = allreduce_curve(t, tp, h)
-    if any(x is None for x in (*parts, head, ar)):
-        return None, "GEMM or all-reduce shape not in the tables"
-    attn_part = sum(parts)
-    n_moe = model.num_layers - model.first_dense_layers if model.is_moe else 0
-    layers = np.zeros(NM)
-    if n_moe < model.num_layers:
-        ffn = [gemm_curve(t, dtype, 2 * model.intermediate_size // tp, h),
-               gemm_curve(t, dtype, h, model.intermediate_size // tp)]
-        if any(x is None for x in ffn):
-            return None, "FFN GEMM shape not in the tables"
-        layers = (model.num_layers - n_moe) * (attn_part + sum(ffn))
-    if n_moe:
-        moe = moe_curve(t, dtype, model, tp, ep)
-        if moe is None:
-            return None, "MoE shape not in the tables"
-        shared = 0.0
-        if model.num_shared_experts:
-            inter = model.num_shared_experts * model.moe_intermediate_size // tp
-            s_parts = [gemm_curve(t, dtype, 2 * inter, h), gemm_curve(t, dtype, h, inter)]
-            if any(x is None for x in s_parts):
-                return None, "shared-expert GEMM shape not in the tables"
-            shared = sum(s_parts)
-        layers = layers + n_moe * (attn_part + moe + shared)
+    layers = _layer_gemms(t, dtype, model, tp, max(cfg.ep, 1), heads, kv_heads)
+    head = gemm_curve(t, dtype, model.vocab_size // tp, model.hidden_size)
+    ar = allreduce_curve(t, tp, model.hidden_size)
+    if layers is None or head is None or ar is None:
+        return None, "a GEMM, MoE or all-reduce shape not in the tables"
+    hd = model.head_dim
     gen = attention_grid(t, "gen", kv, heads, kv_heads, hd, B_GRID, C_GRID)
     ctx = attention_grid(t, "ctx", kv, heads, kv_heads, hd, Q_GRID, S_GRID)
     if gen is None or ctx is None:
@@ -241,6 +216,39 @@ def shard_row(model: Model, cfg: DeploymentConfig, accelerator: str
     row = np.concatenate([layers, 2.0 * model.num_layers * ar, head,
                           model.num_layers * gen.ravel(), model.num_layers * ctx.ravel()])
     return row, t.label
+
+
+def _gemms(t: SystemTables, dtype: str, shapes: list[tuple[int, int]]) -> np.ndarray | None:
+    """Summed M-grid curve of GEMMs of (n, k) shapes, or None if one is not covered."""
+    total = np.zeros(NM)
+    for n, k in shapes:
+        curve = gemm_curve(t, dtype, n, k)
+        if curve is None:
+            return None
+        total += curve
+    return total
+
+
+def _layer_gemms(t: SystemTables, dtype: str, model: Model, tp: int, ep: int, heads: int,
+                 kv_heads: int) -> np.ndarray | None:
+    """Every layer's GEMMs (QKV, O; dense FFN or fused MoE + shared experts) at m tokens."""
+    h, hd = model.hidden_size, model.head_dim
+    attn = _gemms(t, dtype, [((heads + 2 * kv_heads) * hd, h), (h, heads * hd)])
+    n_moe = model.num_layers - model.first_dense_layers if model.is_moe else 0
+    ffn_w = model.intermediate_size // tp
+    ffn = _gemms(t, dtype, [(2 * ffn_w, h), (h, ffn_w)]) if n_moe < model.num_layers \
+        else np.zeros(NM)
+    if attn is None or ffn is None:
+        return None
+    layers = (model.num_layers - n_moe) * (attn + ffn)
+    if n_moe:
+        moe = moe_curve(t, dtype, model, tp, ep)
+        inter = model.num_shared_experts * model.moe_intermediate_size // tp
+        shared = _gemms(t, dtype, [(2 * inter, h), (h, inter)] if inter else [])
+        if moe is None or shared is None:
+            return None
+        layers = layers + n_moe * (attn + moe + shared)
+    return layers
 
 
 class Registry:
@@ -287,9 +295,8 @@ def _pow2_pos(x: np.ndarray, n: int, x0: float = 1.0) -> tuple[np.ndarray, np.nd
     """(lower grid index, weight of the upper point) of x on the grid x0 · 2^i, i < n;
     clamped at the bottom, extrapolated linearly at the top."""
     u = np.maximum(x / x0, 1.0)
-    i = np.clip(np.floor(np.log2(u)).astype(np.int64), 0, n - 2)
-    lo = np.exp2(i.astype(float))
-    return i, u / lo - 1.0
+    i = np.minimum(np.frexp(u)[1] - 1, n - 2)
+    return i, u / np.exp2(i.astype(float)) - 1.0
 
 
 def _curve(K: np.ndarray, k: np.ndarray, off: int, x: np.ndarray) -> np.ndarray:
@@ -321,6 +328,8 @@ def pass_from_tables(K: np.ndarray, k: np.ndarray, b: np.ndarray, p: np.ndarray,
     ic, wc = _pow2_pos(ctx_dec, NC)
     is_, ws = _pow2_pos(prompt_len, NS, S0)
     ar = _curve(K, k, OFF_A, tokens)
-    total = (_curve(K, k, OFF_L, tokens) + ar + _curve(K, k, OFF_H, b + q)
+    # LM head: the decoding rows, plus one row per finishing prompt at the one-row cost
+    head = _curve(K, k, OFF_H, b) + q * K[k, OFF_H]
+    total = (_curve(K, k, OFF_L, tokens) + ar + head
              + _grid2(K, k, OFF_G, NC, b, NB, ic, wc) + _grid2(K, k, OFF_C, NS, q, NQ, is_, ws))
     return total, ar
