@@ -155,8 +155,18 @@ def bench_predictor(
 def bench_accuracy(
     markdown: Annotated[bool, Opt(help="Print markdown tables (for docs).")] = False,
     rows: Annotated[bool, Opt(help="Also list every case.")] = False,
+    compare: Annotated[bool, Opt(help="Held-out errors with and without the measured "
+                                      "kernel tables, by source, accelerator, engine and "
+                                      "metric, and the rows where they disagree most.")
+                       ] = False,
 ) -> None:
     """Median absolute % error against shared/data/perf_measurements.csv."""
+    if compare:
+        from koi.predictor.compare import compare_held_out, markdown as compare_markdown
+
+        with console.status("cross-validating both predictors…"):
+            print(compare_markdown(compare_held_out()))
+        return
     from koi.cli.reports import accuracy_tables
 
     accuracy_tables(console, markdown=markdown, rows=rows)

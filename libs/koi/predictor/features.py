@@ -151,7 +151,7 @@ def fill_column(X: np.ndarray, j: int, cfg: DeploymentConfig, wl: Workload, mode
         "replicas": cfg.replicas,
         "mem_total": accel.memory_gb * GIB,
         "mem_fixed": weight_bytes_per_gpu(model, cfg) + runtime_reserve_bytes(model, cfg),
-        "ktab": tables.REGISTRY.index(model, cfg, accel.id) if kernels else -1.0,
+        "ktab": tables.REGISTRY.index(model, cfg, accel) if kernels else -1.0,
     }
     for name, value in values.items():
         X[IN[name], j] = value

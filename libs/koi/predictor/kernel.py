@@ -25,7 +25,21 @@ from koi.predictor.columns import (
     OUT,
 )
 from koi.predictor.reference import EPS, FIXED_POINT_ITERS, RATE_BISECTIONS, Z95
-from koi.predictor.tables import NB, NC, NM, NQ, NS, OFF_A, OFF_C, OFF_G, OFF_H, OFF_L, REGISTRY, S0
+from koi.predictor.tables import (
+    NB,
+    NC,
+    NM,
+    NQ,
+    NS,
+    OFF_A,
+    OFF_C,
+    OFF_FLAG,
+    OFF_G,
+    OFF_H,
+    OFF_L,
+    REGISTRY,
+    S0,
+)
 
 # numba needs plain integer globals, not dict lookups
 W_DENSE, W_EXPERT, MOE_KE = IN["w_dense"], IN["w_expert"], IN["moe_ke"]
@@ -93,7 +107,7 @@ def _coeffs(X: np.ndarray, K: np.ndarray, j: int) -> tuple:
             X[FLOPS_TOK, j] + X[FLOPS_TOK_EXP, j] / X[MOE_EFF, j], X[ATTN_CTX, j] / dp,
             X[KV_TOK, j] / dp / X[ATTN_MEM, j], X[SERIAL, j],
             k, X[KSCALE, j], ic, wc, is_, ws, 1.0 / max(prompt, 1.0),
-            K[k, OFF_H] if k >= 0 else 0.0)
+            K[k, OFF_H] if k >= 0 else 0.0, K[k, OFF_FLAG] if k >= 0 else 0.0)
 
 
 @numba.njit(cache=True, fastmath=True, inline="always")
@@ -145,12 +159,14 @@ def _roof(cf: tuple, b: float, p: float, ctx_dec: float,
 @numba.njit(cache=True, fastmath=True, inline="always")
 def _kern(cf: tuple, K: np.ndarray, b: float, p: float) -> tuple[float, float]:
     """The pass from measured kernels (tables.pass_from_tables): (total, all-reduce)."""
-    ovh_fix, ovh_seq = cf[9], cf[10]
-    k, kscale, ic, wc, is_, ws, inv_s, head1 = cf[15:]
+    comm_fix, comm_tok, ovh_fix, ovh_seq = cf[7], cf[8], cf[9], cf[10]
+    k, kscale, ic, wc, is_, ws, inv_s, head1, roof_comm = cf[15:]
     tokens = b + p
     q = p * inv_s
     i, w = _pos(tokens, NM, 1.0)
     ar = _at(K, k, OFF_A, i, w, tokens)
+    if roof_comm > 0:  # PCIe parts: the roofline's collectives (tables.shard_row)
+        ar += (comm_fix + comm_tok * tokens) / kscale
     kern = _at(K, k, OFF_L, i, w, tokens) + ar + q * head1
     if b > 0:
         if p > 0:

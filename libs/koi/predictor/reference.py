@@ -85,8 +85,9 @@ def pass_time(X: np.ndarray, b: np.ndarray, p: np.ndarray, ctx_dec: np.ndarray,
     if has.any():
         # measured kernels (pp = 1, dp = 1 only): their sum, scaled, replaces the roofline
         # and its collectives; the roofline's t_mem/t_comp stay as the mediators' shares
+        # (the roofline's collectives stand in for the tables' on PCIe parts: tables.py)
         kern, ar = tables.pass_from_tables(tables.REGISTRY.curves(), np.maximum(k, 0), b, p,
-                                           ctx_dec, 2.0 * ctx_pre)
+                                           ctx_dec, 2.0 * ctx_pre, t_comm / c("kscale"))
         total = np.where(has, kern * c("kscale") + ovh, total)
         t_comm = np.where(has, ar * c("kscale"), t_comm)
     return total, t_mem, t_comp, t_comm

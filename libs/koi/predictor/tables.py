@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from koi.catalog import Model
+from koi.catalog import Accelerator, Interconnect, Model
 from koi.space import DeploymentConfig, KvDtype, Precision
 
 DATA_DIR = Path(__file__).parent / "data" / "kernels"
@@ -47,7 +47,8 @@ S0 = 16.0                                 # prompt grid s = 16 · 2^i, 16..16384
 OFF_L, OFF_A, OFF_H = 0, NM, 2 * NM
 OFF_G = 3 * NM
 OFF_C = OFF_G + NB * NC
-ROW = OFF_C + NQ * NS
+OFF_FLAG = OFF_C + NQ * NS   # 1.0: the roofline's collectives replace A (PCIe parts)
+ROW = OFF_FLAG + 1
 MS = 1e-3  # tables are in milliseconds
 # whether build_inputs uses the tables when not told (the planner's default predictor)
 DEFAULT = False
@@ -184,9 +185,15 @@ def attention_grid(t: SystemTables, prefix: str, kv: str, heads: int, kv_heads: 
 
 # --- compiling one shard ----------------------------------------------------------------
 
-def shard_row(model: Model, cfg: DeploymentConfig, accelerator: str
+def shard_row(model: Model, cfg: DeploymentConfig, accel: Accelerator
               ) -> tuple[np.ndarray, str] | tuple[None, str]:
-    """(compiled row, label) for this shard, or (None, why the roofline serves it)."""
+    """(compiled row, label) for this shard, or (None, why the roofline serves it).
+
+    On PCIe parts the all-reduce depends on the host's PCIe topology (switches, P2P), not
+    only on the GPU: the tables' L40S all-reduce (custom and NCCL alike) is ~3x slower
+    than what TRT-LLM's published tp4 L40S throughput implies, so there the roofline's
+    collectives (catalog link, fitted eff_link) stand in for A."""
+    accelerator = accel.id
     system = SYSTEM_OF.get(accelerator)
     if system is None:
         return None, f"no kernel tables for {accelerator}"
@@ -213,9 +220,11 @@ def shard_row(model: Model, cfg: DeploymentConfig, accelerator: str
     ctx = attention_grid(t, "ctx", kv, heads, kv_heads, hd, Q_GRID, S_GRID)
     if gen is None or ctx is None:
         return None, f"attention with {heads} heads / {kv_heads} KV heads not in the tables"
-    row = np.concatenate([layers, 2.0 * model.num_layers * ar, head,
-                          model.num_layers * gen.ravel(), model.num_layers * ctx.ravel()])
-    return row, t.label
+    pcie = accel.interconnect == Interconnect.PCIE
+    row = np.concatenate([layers, 0.0 * ar if pcie else 2.0 * model.num_layers * ar, head,
+                          model.num_layers * gen.ravel(), model.num_layers * ctx.ravel(),
+                          [1.0 if pcie else 0.0]])
+    return row, t.label + (" + roofline all-reduce" if pcie and tp > 1 else "")
 
 
 def _gemms(t: SystemTables, dtype: str, shapes: list[tuple[int, int]]) -> np.ndarray | None:
@@ -261,14 +270,14 @@ class Registry:
         self._why: dict[tuple, str] = {}
         self._stacked = np.zeros((1, ROW))
 
-    def index(self, model: Model, cfg: DeploymentConfig, accelerator: str) -> int:
-        key = (model.id, accelerator, cfg.engine, cfg.tp, cfg.pp, cfg.ep, cfg.dp_attention,
+    def index(self, model: Model, cfg: DeploymentConfig, accel: Accelerator) -> int:
+        key = (model.id, accel.id, cfg.engine, cfg.tp, cfg.pp, cfg.ep, cfg.dp_attention,
                cfg.weight_precision, cfg.kv_dtype)
         if key in self._index:
             return self._index[key]
         if key in self._why:
             return -1
-        row, label = shard_row(model, cfg, accelerator)
+        row, label = shard_row(model, cfg, accel)
         if row is None:
             self._why[key] = label
             return -1
@@ -320,14 +329,15 @@ def _grid2(K: np.ndarray, k: np.ndarray, off: int, n_col: int, r: np.ndarray, n_
 
 
 def pass_from_tables(K: np.ndarray, k: np.ndarray, b: np.ndarray, p: np.ndarray,
-                     ctx_dec: np.ndarray, prompt_len: np.ndarray
+                     ctx_dec: np.ndarray, prompt_len: np.ndarray, roof_comm: np.ndarray
                      ) -> tuple[np.ndarray, np.ndarray]:
-    """(kernel seconds of the pass, of which all-reduce) for rows ``k`` (≥ 0)."""
+    """(kernel seconds of the pass, of which all-reduce) for rows ``k`` (≥ 0);
+    ``roof_comm``: the roofline's collectives, used where the row's flag says so."""
     tokens = b + p
     q = p / np.maximum(prompt_len, 1.0)
     ic, wc = _pow2_pos(ctx_dec, NC)
     is_, ws = _pow2_pos(prompt_len, NS, S0)
-    ar = _curve(K, k, OFF_A, tokens)
+    ar = _curve(K, k, OFF_A, tokens) + K[k, OFF_FLAG] * roof_comm
     # LM head: the decoding rows, plus one row per finishing prompt at the one-row cost
     head = _curve(K, k, OFF_H, b) + q * K[k, OFF_H]
     total = (_curve(K, k, OFF_L, tokens) + ar + head
