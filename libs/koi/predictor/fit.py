@@ -91,8 +91,11 @@ def parameters_for(cases: Sequence[Case], cat: Catalog, kernels: bool = False
 
 
 def calibration_from_vector(params: Sequence[Param], theta: np.ndarray,
-                            meta: dict | None = None) -> Calibration:
-    factors: dict[str, dict[str, float]] = {g: {} for g in PRIORS}
+                            meta: dict | None = None,
+                            base: Calibration | None = None) -> Calibration:
+    """The table of these parameters at ``theta``, over ``base``'s factors (if any)."""
+    factors: dict[str, dict[str, float]] = {g: dict(base.factors.get(g, {})) if base else {}
+                                            for g in PRIORS}
     for p, t in zip(params, theta, strict=True):
         factors[p.group][p.key] = float(round(math.exp(t), 4))
     return Calibration(factors=factors, version="fitted", meta=meta or {})
@@ -102,8 +105,8 @@ class _Objective:
     """Residuals of a parameter vector; rebuilds only the calibration rows of X."""
 
     def __init__(self, cases: Sequence[Case], params: Sequence[Param], cat: Catalog,
-                 kernels: bool = False) -> None:
-        self.cases, self.params, self.cat = list(cases), list(params), cat
+                 kernels: bool = False, base: Calibration | None = None) -> None:
+        self.cases, self.params, self.cat, self.base = list(cases), list(params), cat, base
         self.X = build_inputs([(c.config, c.workload) for c in cases], cat, prior_calibration(),
                               kernels=kernels)
         self.rows = [(OUT[METRIC_OUT[c.metric][0]], METRIC_OUT[c.metric][1]) for c in cases]
@@ -113,7 +116,7 @@ class _Objective:
         self.prior_sigma = np.array([PRIOR_SIGMA[p.group] for p in params])
 
     def predictions(self, theta: np.ndarray) -> np.ndarray:
-        cal = calibration_from_vector(self.params, theta)
+        cal = calibration_from_vector(self.params, theta, base=self.base)
         X = self.X
         for j, case in enumerate(self.cases):
             accel = self.cat.accelerator(case.config.accelerator)
@@ -135,12 +138,40 @@ def fit(cases: Sequence[Case], catalog: Catalog | None = None,
     of every factor it holds (the spreads stay ``PRIOR_SIGMA``). With ``kernels`` the
     cases the kernel tables cover are predicted from them (and their scale is fitted)."""
     cat = catalog or load_catalog()
-    kernels = tables.DEFAULT if kernels is None else kernels
-    params = parameters_for(cases, cat, kernels)
+    if tables.DEFAULT if kernels is None else kernels:
+        return _fit_kernels(cases, cat, priors)
+    return _fit(cases, parameters_for(cases, cat), cat, priors)
+
+
+# what a pass timed from the kernel tables depends on (eff_mem/eff_comp only feed the
+# mediators there; the link only the roofline collectives that PCIe parts keep)
+KERNEL_GROUPS = ("kernel_scale", "engine_ovh_base_ms", "engine_ovh_seq_us", "engine_ttft_ms",
+                 "link")
+
+
+def _fit_kernels(cases: Sequence[Case], cat: Catalog,
+                 priors: Calibration | None) -> Calibration:
+    """The roofline table fitted on every case, then the factors a kernel-table pass
+    depends on (``KERNEL_GROUPS``) refitted on the cases the tables cover: parts and
+    engines without tables are predicted exactly as by the roofline predictor."""
+    base = _fit(cases, parameters_for(cases, cat), cat, priors)
+    X = build_inputs([(c.config, c.workload) for c in cases], cat, prior_calibration(),
+                     kernels=True)
+    covered = [c for j, c in enumerate(cases) if X[IN["ktab"], j] >= 0]
+    if not covered:
+        return base
+    params = [p for p in parameters_for(covered, cat, kernels=True)
+              if p.group in KERNEL_GROUPS and (p.group != "link" or p.key == "pcie")]
+    return _fit(covered, params, cat, priors, kernels=True, base=base)
+
+
+def _fit(cases: Sequence[Case], params: list[Param], cat: Catalog,
+         priors: Calibration | None, kernels: bool = False,
+         base: Calibration | None = None) -> Calibration:
     if priors is not None:
         params = [replace(p, prior=priors.factors.get(p.group, {}).get(p.key, p.prior))
                   for p in params]
-    objective = _Objective(cases, params, cat, kernels)
+    objective = _Objective(cases, params, cat, kernels, base)
     lo = np.log([p.bounds[0] for p in params])
     hi = np.log([p.bounds[1] for p in params])
     theta0 = np.clip(objective.prior, lo + 1e-6, hi - 1e-6)
@@ -148,7 +179,10 @@ def fit(cases: Sequence[Case], catalog: Catalog | None = None,
                            diff_step=1e-3, max_nfev=400)
     meta = {"cases": len(cases), "cost": float(result.cost), "nfev": int(result.nfev),
             "method": "MAP least squares in log space, soft-L1 loss (scipy least_squares)"}
-    return calibration_from_vector(params, result.x, meta)
+    if kernels:
+        meta["kernel_tables"] = ("the roofline table, with the factors a kernel-table pass "
+                                 "depends on refitted on the cases the tables cover")
+    return calibration_from_vector(params, result.x, meta, base=base)
 
 
 def cross_validate(cases: Sequence[Case], catalog: Catalog | None = None,
