@@ -162,7 +162,8 @@ def bench_accuracy(
 ) -> None:
     """Median absolute % error against shared/data/perf_measurements.csv."""
     if compare:
-        from koi.predictor.compare import compare_held_out, markdown as compare_markdown
+        from koi.predictor.compare import compare_held_out
+        from koi.predictor.compare import markdown as compare_markdown
 
         with console.status("cross-validating both predictors…"):
             print(compare_markdown(compare_held_out()))

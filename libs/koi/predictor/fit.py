@@ -28,6 +28,7 @@ from koi.predictor.calibration import (
     PRIORS,
     Calibration,
     calibration_file,
+    load_calibration,
     prior_calibration,
 )
 from koi.predictor.columns import IN, OUT
@@ -133,13 +134,15 @@ class _Objective:
 
 
 def fit(cases: Sequence[Case], catalog: Catalog | None = None,
-        priors: Calibration | None = None, kernels: bool | None = None) -> Calibration:
+        priors: Calibration | None = None, kernels: bool | None = None,
+        roofline: Calibration | None = None) -> Calibration:
     """MAP fit of the factor table on these cases; ``priors`` replaces the built-in prior
     of every factor it holds (the spreads stay ``PRIOR_SIGMA``). With ``kernels`` the
-    cases the kernel tables cover are predicted from them (and their scale is fitted)."""
+    cases the kernel tables cover are predicted from them (and their scale is fitted),
+    over ``roofline`` (default: the roofline table fitted on these cases)."""
     cat = catalog or load_catalog()
     if tables.DEFAULT if kernels is None else kernels:
-        return _fit_kernels(cases, cat, priors)
+        return _fit_kernels(cases, cat, priors, roofline)
     return _fit(cases, parameters_for(cases, cat), cat, priors)
 
 
@@ -149,12 +152,12 @@ KERNEL_GROUPS = ("kernel_scale", "engine_ovh_base_ms", "engine_ovh_seq_us", "eng
                  "link")
 
 
-def _fit_kernels(cases: Sequence[Case], cat: Catalog,
-                 priors: Calibration | None) -> Calibration:
-    """The roofline table fitted on every case, then the factors a kernel-table pass
-    depends on (``KERNEL_GROUPS``) refitted on the cases the tables cover: parts and
-    engines without tables are predicted exactly as by the roofline predictor."""
-    base = _fit(cases, parameters_for(cases, cat), cat, priors)
+def _fit_kernels(cases: Sequence[Case], cat: Catalog, priors: Calibration | None,
+                 roofline: Calibration | None) -> Calibration:
+    """The roofline table (fitted on every case unless given), then the factors a
+    kernel-table pass depends on (``KERNEL_GROUPS``) refitted on the cases the tables
+    cover: parts and engines without tables are predicted exactly as by the roofline."""
+    base = roofline or _fit(cases, parameters_for(cases, cat), cat, priors)
     X = build_inputs([(c.config, c.workload) for c in cases], cat, prior_calibration(),
                      kernels=True)
     covered = [c for j, c in enumerate(cases) if X[IN["ktab"], j] >= 0]
@@ -214,7 +217,9 @@ def fit_and_report(write: bool = False, kernels: bool | None = None
     from koi.predictor.accuracy import predict_cases
 
     cases = load_cases()
-    cal = fit(cases, kernels=kernels)
+    # the kernel-table table sits on the shipped roofline table, not on a refit of it
+    cal = fit(cases, kernels=kernels,
+              roofline=load_calibration(kernels=False) if kernels else None)
     if write:
         write_calibration(cal, kernels=kernels)
     return cal, summarise(predict_cases(cases, calibration=cal, kernels=kernels))

@@ -250,8 +250,14 @@ def _loaded(X: np.ndarray, K: np.ndarray, j: int, cf: tuple, rate: float, conc: 
         tpot = (1.0 - f) * t_d + f * t_m
         s_p = n_c * t_m
         lifetime = s_p + (O - 1.0) * tpot
-        rho_p = _clip(rate * prompt * tpot / free, 0.0, 0.999)
-        w_pre = rho_p / (2.0 * (1.0 - rho_p)) * s_p
+        if is_rate:
+            rho_p = _clip(rate * prompt * tpot / free, 0.0, 0.999)
+            w_pre = rho_p / (2.0 * (1.0 - rho_p)) * s_p
+        else:  # the other clients' prompts, a finite source (reference._loaded)
+            hold = prompt * t_m / free
+            ahead = max(b - 1.0, 0.0)
+            rho_p = _clip(ahead / (ttft + (O - 1.0) * tpot) * hold, 0.0, 0.999)
+            w_pre = min(rho_p / (2.0 * (1.0 - rho_p)) * s_p, ahead * hold)
         w_slot = 0.0
         if is_rate:
             w_slot = _sakasegawa(_clip(rate * lifetime / b_lim, 0.0, 0.999), b_lim, lifetime)
