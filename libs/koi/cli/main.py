@@ -129,6 +129,10 @@ def bench_predictor(
     runs: Annotated[int, Opt(help="Timed runs of the numba kernel (median).")] = 5,
     numpy_runs: Annotated[int, Opt(help="Timed runs of the numpy reference.")] = 3,
     json_out: Annotated[Path | None, Opt("--json", help="Write results as JSON.")] = None,
+    kernels: Annotated[bool | None, Opt("--kernels/--roofline", help="Time passes from the "
+                                        "measured kernel tables where they cover a config, "
+                                        "or the roofline everywhere (default: the "
+                                        "predictor's default).")] = None,
 ) -> None:
     """Predictions per second: numba kernel vs numpy reference (one core)."""
     from koi.bench.predictor_speed import run
@@ -136,7 +140,7 @@ def bench_predictor(
     os.environ.setdefault("NUMBA_NUM_THREADS", "1")
     with console.status("timing…") as status:
         results = run(candidates, runs, numpy_runs,
-                      progress=lambda s: status.update(f"timing {s}…"))
+                      progress=lambda s: status.update(f"timing {s}…"), kernels=kernels)
     table = Table(title=f"Predictor speed, {candidates:,} candidates (median of runs)")
     for col in ("backend", "runs", "median wall s", "predictions/s (wall)",
                 "predictions/s (CPU)", "all runs, wall s"):
@@ -145,8 +149,8 @@ def bench_predictor(
         table.add_row(r.backend, str(r.runs), f"{r.median_s:.3f}", f"{r.per_s:,.0f}",
                       f"{r.cpu_per_s:,.0f}", " ".join(f"{t:.3f}" for t in r.all_s))
     console.print(table)
-    speedup = results[0].per_s / results[1].per_s
-    console.print(f"numba / numpy speed-up: {speedup:.1f}×")
+    if len(results) > 1:
+        console.print(f"numba / numpy speed-up: {results[0].per_s / results[1].per_s:.1f}×")
     if json_out:
         json_out.write_text(json.dumps([r.__dict__ for r in results], indent=2))
 
@@ -155,8 +159,19 @@ def bench_predictor(
 def bench_accuracy(
     markdown: Annotated[bool, Opt(help="Print markdown tables (for docs).")] = False,
     rows: Annotated[bool, Opt(help="Also list every case.")] = False,
+    compare: Annotated[bool, Opt(help="Held-out errors with and without the measured "
+                                      "kernel tables, by source, accelerator, engine and "
+                                      "metric, and the rows where they disagree most.")
+                       ] = False,
 ) -> None:
     """Median absolute % error against shared/data/perf_measurements.csv."""
+    if compare:
+        from koi.predictor.compare import compare_held_out
+        from koi.predictor.compare import markdown as compare_markdown
+
+        with console.status("cross-validating both predictors…"):
+            print(compare_markdown(compare_held_out()))
+        return
     from koi.cli.reports import accuracy_tables
 
     accuracy_tables(console, markdown=markdown, rows=rows)
