@@ -10,7 +10,8 @@ import pytest
 from koi.catalog import load_catalog
 from koi.cluster import ActionKind, ClusterSnapshot, JobStatus, OfferingCapacity
 from koi.jobs import parse_job
-from koi.planner.tick import KoiSettings, KoiState, plan_tick
+from koi.planner.settings import KoiSettings
+from koi.planner.tick import KoiState, plan_tick
 
 CAT = load_catalog()
 H100 = "aws/us-east-1/h100-sxm/on_demand"

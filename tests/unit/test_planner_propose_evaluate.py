@@ -155,7 +155,8 @@ def test_learnt_passes_recover_the_capacity_of_a_slower_world(cat) -> None:
     from koi.causal import BeliefStore, OutcomeObservation, scope_of
     from koi.cluster import ClusterSnapshot, JobStatus, OfferingCapacity
     from koi.jobs import parse_job
-    from koi.planner.tick import KoiSettings, evaluate_stage
+    from koi.planner.settings import KoiSettings
+    from koi.planner.tick import evaluate_stage
     from koi.predictor.api import evaluate_matrix
     from koi.predictor.columns import OUT
     from koi.predictor.features import build_inputs
@@ -255,7 +256,8 @@ def test_a_batch_candidate_takes_the_throughput_belief_of_its_saturated_regime(c
     from koi.causal import BeliefStore, OutcomeObservation, attribute, scope_of
     from koi.cluster import ClusterSnapshot, JobStatus, OfferingCapacity
     from koi.jobs import parse_job
-    from koi.planner.tick import KoiSettings, evaluate_stage
+    from koi.planner.settings import KoiSettings
+    from koi.planner.tick import evaluate_stage
     from koi.predictor.api import predict_many
     from koi.predictor.types import LoadMode, Workload
 
@@ -326,7 +328,8 @@ def test_risk_levels_come_from_the_calibrator_and_fall_with_the_margin() -> None
     from koi.causal import OutcomeObservation
     from koi.causal.observe import log_residuals
     from koi.causal.scope import Scope
-    from koi.planner.tick import KoiSettings, risk_levels
+    from koi.planner.settings import KoiSettings
+    from koi.planner.tick import risk_levels
 
     rng = np.random.default_rng(5)
     obs = [OutcomeObservation(

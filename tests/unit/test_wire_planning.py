@@ -38,12 +38,12 @@ from koi.compose import ComposePlan
 from koi.compose.types import Decision, JobChoice, SolverName
 from koi.errors import InvalidSpecError
 from koi.jobs import shared_data_dir
+from koi.lifecycle import job_finished
 from koi.planner.explain import Explanation
 from koi.planner.place import Target, place
 from koi.planner.propose import Proposal
 from koi.planner.tick import TickReport, active_mechanisms, mediator_hints, propose_stage
 from koi.policies import make_policy
-from koi.policies.common import job_finished
 from koi.scenario import load_scenario
 from koi.space import DeploymentConfig
 from koi.v1 import causal_pb2, cluster_pb2, plan_pb2

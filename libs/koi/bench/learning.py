@@ -21,7 +21,8 @@ import numpy as np
 
 from koi.calibrate import OUTCOMES
 from koi.catalog import load_catalog
-from koi.planner.tick import KoiSettings, TickReport
+from koi.planner.settings import KoiSettings
+from koi.planner.tick import TickReport
 from koi.policies import make_policy
 from koi.scenario import load_scenario
 from koi.scenario.types import Scenario

@@ -41,7 +41,7 @@ from koi.cluster import (
     PlanDecision,
 )
 from koi.policies.base import Policy, register
-from koi.policies.common import CapacityLedger, replicas_for_rate, shape_label
+from koi.policies.common import CapacityLedger, replicas_for_rate
 from koi.policies.practitioner_common import (
     Budget,
     Profile,
@@ -56,6 +56,7 @@ from koi.policies.practitioner_common import (
     slo_of,
 )
 from koi.policies.profiled import ProfiledBook
+from koi.shapes import shape_label
 
 ARMS_PER_JOB = 6
 SWITCH_EVERY = 5          # ticks between a job's arm changes

@@ -1,141 +1,24 @@
-"""Helpers every placement policy needs: fitting configs, job state, GPU accounting.
+"""What every baseline does each tick besides choosing: which jobs need a deployment, in
+what order, how many replicas a rate needs, the GPUs still free, and the housekeeping
+stops.
 
-The baselines and Koi's own planner share these so that "does the model fit", "which
-jobs need a deployment" and "how many GPUs are still free this tick" mean the same
-thing everywhere. Pure functions over ``koi.cluster`` types plus one small mutable
-ledger that a policy creates afresh each tick. No policy decisions (ordering, sizing,
-choice of accelerator) live here, and nothing here reads clocks or randomness.
+``CapacityLedger`` is the one small mutable object: a policy creates it afresh each
+tick and debits it as it decides launches, so no tick over-commits GPUs. Job state
+("finished", "lost") comes from ``koi.lifecycle`` and fitting shapes from
+``koi.shapes``, which the planner and the metrics share. No policy decisions
+(ordering beyond submit time, sizing, choice of accelerator) live here, and nothing
+here reads clocks or randomness.
 """
 
 from __future__ import annotations
 
 import math
-import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from koi.catalog import Catalog, CatalogError, Market, Offering
-from koi.cluster import Action, ActionKind, ClusterSnapshot, Deployment, DeploymentState, JobStatus
-from koi.jobs import BatchJob, OnlineJob
-from koi.space import DeploymentConfig, engine_default_config, validate
-
-TP_LADDER: tuple[int, ...] = (1, 2, 4, 8)
-"""Tensor-parallel degrees the baselines consider (single node, powers of two)."""
-
-PRECISIONS: tuple[str, ...] = ("bf16", "fp8")
-"""Weight precisions the offline searches consider; validation drops fp8 where unsupported."""
-
-_CONFIG_CACHE: weakref.WeakKeyDictionary[Catalog, dict[tuple, DeploymentConfig | None]] = (
-    weakref.WeakKeyDictionary())
-
-
-# --- configurations ---------------------------------------------------------------------
-
-def default_config(model: str, accelerator: str, catalog: Catalog, *, tp: int,
-                   precision: str = "bf16", engine: str = "vllm") -> DeploymentConfig | None:
-    """The engine-default config at this TP and precision, or None if it does not validate.
-
-    Cached per catalog: validation is pure, and the baselines ask the same question for
-    every job of a model on every tick.
-    """
-    cache = _CONFIG_CACHE.setdefault(catalog, {})
-    key = (model, accelerator, tp, precision, engine)
-    if key not in cache:
-        cfg = engine_default_config(model, accelerator, engine, catalog=catalog, tp=tp,
-                                    weight_precision=precision)
-        cache[key] = None if validate(cfg, catalog) else cfg
-    return cache[key]
-
-
-def smallest_fitting_config(model: str, accelerator: str, catalog: Catalog, *,
-                            precision: str = "bf16",
-                            engine: str = "vllm") -> DeploymentConfig | None:
-    """The engine-default config at the smallest TP in ``TP_LADDER`` that validates."""
-    for tp in TP_LADDER:
-        cfg = default_config(model, accelerator, catalog, tp=tp, precision=precision,
-                             engine=engine)
-        if cfg is not None:
-            return cfg
-    return None
-
-
-def valid_default_configs(model: str, accelerator: str, catalog: Catalog, *,
-                          tps: Sequence[int] = TP_LADDER,
-                          precisions: Sequence[str] = PRECISIONS,
-                          engine: str = "vllm") -> list[DeploymentConfig]:
-    """Every engine-default config over ``tps`` × ``precisions`` that validates."""
-    out = []
-    for tp in tps:
-        for precision in precisions:
-            cfg = default_config(model, accelerator, catalog, tp=tp, precision=precision,
-                                 engine=engine)
-            if cfg is not None:
-                out.append(cfg)
-    return out
-
-
-def shape_label(cfg: DeploymentConfig) -> str:
-    """"h100-sxm tp2 fp8" for reasons, with the engine named when it is not vLLM (the
-    default, and the only engine the predictor-profiled baselines consider)."""
-    engine = "" if cfg.engine == "vllm" else f" {cfg.engine}"
-    return f"{cfg.accelerator} tp{cfg.tp} {cfg.weight_precision}{engine}"
-
-
-def cheapest_on_demand(accelerator: str, catalog: Catalog) -> Offering | None:
-    """The catalog's cheapest on-demand offering of an accelerator (None if none sells it)."""
-    offers = catalog.offerings_for(accelerator_id=accelerator, market=Market.ON_DEMAND)
-    return offers[0] if offers else None
-
-
-# --- jobs and deployments ---------------------------------------------------------------
-
-def live_deployments(snapshot: ClusterSnapshot, job_id: str) -> list[Deployment]:
-    """The job's deployments that hold or will hold GPUs (anything but stopped)."""
-    return [d for d in snapshot.deployments_of(job_id) if d.state != DeploymentState.STOPPED]
-
-
-def is_lost(dep: Deployment) -> bool:
-    """A starting/running deployment with no replica left (preempted or stocked out)."""
-    active = dep.state in (DeploymentState.STARTING, DeploymentState.RUNNING)
-    return active and dep.replicas_ready + dep.replicas_starting == 0
-
-
-def batch_done(job: JobStatus) -> bool:
-    """A batch job all of whose requests have finished (``JobStatus.requests_done``).
-
-    Not "its output tokens reached the spec's total": that total is the expected one
-    (requests × mean output length), and the sampled outputs land a few percent either
-    side of it. Below it, a job judged by tokens never finished and kept its replicas
-    idle after its last request (hetero-12h seed 4: 680-2,000 GPU-hours; NOTES); above
-    it, requests were left unserved.
-    """
-    spec = job.spec
-    return isinstance(spec, BatchJob) and job.requests_done >= spec.num_requests - 1e-6
-
-
-def batch_tokens_left(job: JobStatus) -> float:
-    """Output tokens a batch job still has to produce, expected: its unfinished requests
-    × the mean output length (0 when done, and for online jobs)."""
-    spec = job.spec
-    if not isinstance(spec, BatchJob):
-        return 0.0
-    return max(spec.num_requests - job.requests_done, 0.0) * spec.output_len.mean_value()
-
-
-def online_ended(job: JobStatus, now_s: float) -> bool:
-    """An online job past its ``end_s``: no more requests will arrive."""
-    spec = job.spec
-    return isinstance(spec, OnlineJob) and spec.end_s is not None and now_s >= spec.end_s
-
-
-def job_finished(job: JobStatus, now_s: float) -> bool:
-    return batch_done(job) or online_ended(job, now_s)
-
-
-def job_rate_rps(job: JobStatus) -> float:
-    """The declared mean request rate of an online job (0 for batch)."""
-    spec = job.spec
-    return spec.arrival.mean_rate() if isinstance(spec, OnlineJob) else 0.0
+from koi.catalog import Catalog, CatalogError, Offering
+from koi.cluster import Action, ActionKind, ClusterSnapshot, JobStatus
+from koi.lifecycle import is_lost, job_finished, live_deployments
 
 
 def needs_placement(job: JobStatus, snapshot: ClusterSnapshot) -> bool:

@@ -40,7 +40,7 @@ import numpy as np
 from koi.catalog import Catalog, Market
 from koi.cluster import Action, ClusterSnapshot, DeploymentTelemetry, JobStatus, PlanDecision
 from koi.policies.base import Policy, register
-from koi.policies.common import CapacityLedger, shape_label
+from koi.policies.common import CapacityLedger
 from koi.policies.practitioner_common import (
     Budget,
     ProfileBook,
@@ -53,6 +53,7 @@ from koi.policies.practitioner_common import (
     shape_key,
 )
 from koi.policies.profiled import ProfiledBook
+from koi.shapes import shape_label
 from koi.space import DeploymentConfig
 
 SHAPES_PER_JOB = 6

@@ -37,8 +37,9 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from koi.catalog import Catalog, Offering
 from koi.cluster import Action, ClusterSnapshot, DeploymentTelemetry, JobStatus, PlanDecision
+from koi.lifecycle import is_lost
 from koi.policies.base import Policy, register
-from koi.policies.common import CapacityLedger, is_lost, shape_label
+from koi.policies.common import CapacityLedger
 from koi.policies.practitioner_common import (
     Budget,
     Profile,
@@ -52,6 +53,7 @@ from koi.policies.practitioner_common import (
     shape_key,
 )
 from koi.policies.profiled import ProfiledBook
+from koi.shapes import shape_label
 from koi.space import DeploymentConfig
 
 RESOLVE_EVERY = 10             # ticks between re-solves when nothing else changed

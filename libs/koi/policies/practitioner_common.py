@@ -27,19 +27,11 @@ from koi.cluster import (
     JobStatus,
 )
 from koi.jobs import BatchJob, OnlineJob
-from koi.policies.common import (
-    CapacityLedger,
-    batch_tokens_left,
-    housekeeping_stops,  # noqa: F401 - re-exported
-    is_lost,
-    job_finished,
-    job_rate_rps,
-    live_deployments,
-    shape_label,
-    valid_default_configs,
-)
+from koi.lifecycle import batch_tokens_left, is_lost, job_finished, job_rate_rps, live_deployments
+from koi.policies.common import CapacityLedger, housekeeping_stops  # noqa: F401 - re-exported
 from koi.predictor.api import predict_many
 from koi.predictor.types import LoadMode, Workload
+from koi.shapes import shape_label, valid_default_configs
 from koi.space import DeploymentConfig
 
 PREDICTOR_BACKEND = "numpy"

@@ -136,7 +136,7 @@ def read_round(text: str, catalog: Catalog) -> RecordedRound:
         raise ValueError(f"no '{FORMAT}' inputs record: a transcript written by"
                          " koi-rlm or the proposer starts with one")
     d = heads[0]
-    from koi.policies.koi import settings_for  # the planner variants live with the policies
+    from koi.planner.settings import settings_for
 
     try:
         settings = RlmSettings(**d["settings"])
