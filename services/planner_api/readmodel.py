@@ -387,7 +387,7 @@ class ReadModel:
         config that decodes but cannot run is answered ``valid=false`` with every
         violation. Robust outcomes: the prediction corrected by the causal state's belief
         store when one came with it, then widened to the worst case inside the DRO radii
-        of its ``calibration`` (latencies × e^r, throughput × e^−r, as koi.calibrate does).
+        of its ``calibration`` (latencies × e^r, throughput × e^−r, as koi.dro does).
         Without a belief store only the widening applies.
         """
         cfg, violations = decode_config(config, self.catalog)

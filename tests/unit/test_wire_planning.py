@@ -21,7 +21,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from koi.calibrate import DroCalibrator
 from koi.catalog import load_catalog
 from koi.causal.observe import OutcomeObservation
 from koi.causal.scope import ANY, Scope
@@ -36,6 +35,7 @@ from koi.cluster import (
 )
 from koi.compose import ComposePlan
 from koi.compose.types import Decision, JobChoice, SolverName
+from koi.dro import DroCalibrator
 from koi.errors import InvalidSpecError
 from koi.jobs import shared_data_dir
 from koi.lifecycle import job_finished

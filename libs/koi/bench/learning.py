@@ -19,8 +19,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from koi.calibrate import OUTCOMES
 from koi.catalog import load_catalog
+from koi.dro import OUTCOMES
 from koi.planner.settings import KoiSettings
 from koi.planner.tick import TickReport
 from koi.policies import make_policy

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from koi.calibrate import OUTCOMES, SLO_OUTCOMES, DroCalibrator
 from koi.catalog import Catalog
 from koi.causal.graph import LEARNT_OUTCOMES
 from koi.causal.observe import (
@@ -46,6 +45,7 @@ from koi.cluster import (
     PlanDecision,
 )
 from koi.compose import ComposeInput, ComposePlan, compose
+from koi.dro import OUTCOMES, SLO_OUTCOMES, DroCalibrator
 from koi.lifecycle import job_finished
 from koi.planner.candidates import job_demands, job_loads, scored_candidates
 from koi.planner.evaluate import Evaluated, Kernel, RiskLevel, Robustness, evaluate
@@ -350,7 +350,7 @@ def learn_from(observations: Sequence[OutcomeObservation], beliefs: BeliefStore,
         return beliefs, calibrator.update(residuals, at, observations=observations,
                                           rescore=log_residuals), abs_error
     updated = beliefs.update(list(observations), at)
-    # the radius measures the learnt model on the recent window (calibrate.py)
+    # the radius measures the learnt model on the recent window (dro.py)
     return updated, calibrator.update(residuals, at, observations=observations,
                                       rescore=updated.corrected_residuals), abs_error
 

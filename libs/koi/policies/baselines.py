@@ -41,7 +41,7 @@ from koi.cluster import (
 from koi.jobs import OnlineJob
 from koi.lifecycle import job_rate_rps
 from koi.policies.base import Policy, register
-from koi.policies.common import (
+from koi.policies.bookkeeping import (
     CapacityLedger,
     housekeeping_stops,
     needs_placement,

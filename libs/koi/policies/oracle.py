@@ -52,9 +52,9 @@ from koi.predictor.measurements import Case, load_cases
 from koi.predictor.types import LoadMode, Workload
 from koi.scenario.types import Scenario
 from koi.shapes import PRECISIONS, smallest_fitting_config
-from koi.sim.calibration import Row, load_rows, simulate_row
 from koi.sim.truth import WorldTruth
 from koi.sim.world import WorldParams, load_world
+from koi.sim.world_check import Row, load_rows, simulate_row
 from koi.space import DeploymentConfig
 
 

@@ -31,7 +31,6 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from koi.calibrate import DroCalibrator
 from koi.catalog import Catalog, load_catalog
 from koi.causal.beliefs import CLIFF_GRID, ThresholdBelief
 from koi.causal.observe import OutcomeObservation
@@ -50,6 +49,7 @@ from koi.cluster import (
 )
 from koi.compose import ComposePlan
 from koi.compose.types import Decision, JobChoice, SolverName
+from koi.dro import DroCalibrator
 from koi.errors import InvalidConfigError, InvalidSpecError, KoiError, bounded_spec_error
 from koi.planner.explain import Explanation
 from koi.planner.place import Target
