@@ -1,6 +1,6 @@
 """The ``koi`` command: the domain's command line (``koi.cli.main.app``) plus the commands
 that run on the bus or against a cluster: serve, submit, events follow, demo, plan,
-security, bench bus and bench admission.
+security, settings, bench bus and bench admission.
 
 The ``koi`` console script points here, so one ``koi`` has every command while the
 domain library never imports ``services``. Thin, as ``koi.cli.main`` is: flags in,
@@ -264,6 +264,28 @@ def events_follow(
     follow_events(nats_url, job, severity, since, follow, kind, as_json)
 
 
+
+
+@app.command()
+def settings(
+    markdown: Annotated[bool, Opt("--markdown", help="Print docs/SETTINGS.md: every KOI_* "
+                                  "variable and the planner's settings, from the models.")
+                        ] = False,
+) -> None:
+    """The settings: every KOI_* variable with its default, bounds and meaning (and the
+    planner's KoiSettings). Without --markdown, the variables and their values in this
+    environment (secrets shown as set or not)."""
+    from services.runtime.settings import ENV
+    from services.runtime.settings_doc import markdown as settings_markdown
+
+    if markdown:
+        typer.echo(settings_markdown(), nl=False)
+        return
+    for name, (default, _meaning) in ENV.items():
+        value = os.environ.get(name, "")
+        secret = any(w in name for w in ("PASSWORD", "TOKEN", "API_KEY")) and "FILE" not in name
+        shown = ("(set)" if value else "") if secret else (value or f"{default} (default)")
+        typer.echo(f"{name}={shown}")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ class KoiSettings:
     A pydantic dataclass: every field has a default, a description and its bounds, and a
     bad value fails at construction (``dataclasses.replace`` included) with a
     ``ValidationError`` that names the field. The comments keep the measurements behind
-    the defaults; ``scripts/settings_table.py`` writes the table in docs/SETTINGS.md.
+    the defaults; ``koi settings --markdown`` writes the table in docs/SETTINGS.md.
     """
 
     use_beliefs: bool = Field(
@@ -72,7 +72,8 @@ class KoiSettings:
     # where it is short
     risk_coverages: tuple[Annotated[float, Field(gt=0.0, lt=1.0)], ...] = Field(
         default=(0.8, 0.95),
-        description="Each online candidate is also offered at the radii of these "
+        description="Each online candidate is also offered at the radii of these (each in "
+                    "(0, 1)) "
                     "coverages, its SLO risk at each margin priced by the composer; () = "
                     "one row at the calibrated radius (its risk still priced).")
     migration_budget: int = Field(
