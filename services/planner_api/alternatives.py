@@ -27,6 +27,7 @@ from koi.jobs import OnlineJob
 from koi.predictor.types import LoadMode, Prediction, Workload
 from koi.space import DeploymentConfig
 from koi.v1 import bus_pb2, causal_pb2, common_pb2, config_pb2, plan_pb2, plan_service_pb2
+from koi.wire.causal import store_from_proto
 from koi.wire.config import config_from_proto
 from koi.wire.predictor import prediction_to_proto
 
@@ -73,13 +74,12 @@ def scope_covers(scope: common_pb2.Scope, cfg: DeploymentConfig, catalog: Catalo
     return all(want in ("", "*") or want == have for want, have in wanted)
 
 
-def belief_blob(state: causal_pb2.CausalState) -> BeliefStore | None:
-    """The belief store serialised in ``state.belief_store``, if it carries one."""
-    blob = state.belief_store
-    if not blob:
+def belief_store_of(state: causal_pb2.CausalState) -> BeliefStore | None:
+    """The belief store ``state`` carries (``store`` and its mechanisms), if it has one."""
+    if not state.HasField("store"):
         return None
     try:
-        return BeliefStore.from_bytes(blob)
+        return store_from_proto(state.store, state.mechanisms)
     except Exception as e:  # unreadable: robust outcomes fall back to the radii alone
         log.warning("belief_store_unreadable", version=state.version, error=str(e))
         return None

@@ -43,7 +43,7 @@ from koi.wire.jobs import job_from_proto
 from koi.wire.predictor import prediction_to_proto, workload_from_proto
 from services.planner_api.alternatives import (
     alternatives,
-    belief_blob,
+    belief_store_of,
     dro_radii,
     job_workload,
     other_candidates,
@@ -221,7 +221,7 @@ class ReadModel:
     def on_causal(self, state: causal_pb2.CausalState,
                   beliefs: BeliefStore | None = None) -> None:
         """The causal state (an older version is ignored). ``beliefs`` is the decoded
-        belief store when the caller has it; else the message's ``belief_store`` blob is
+        belief store when the caller has it; else the message's ``store`` is
         decoded when a what-if first needs it (not on every tick: it is the costliest
         thing here, and most ticks nobody asks)."""
         msg = causal_pb2.CausalState()
@@ -235,7 +235,7 @@ class ReadModel:
         with self._lock:
             causal, beliefs = self._causal, self._beliefs
         if causal is not None and beliefs is None:
-            beliefs = belief_blob(causal)
+            beliefs = belief_store_of(causal)
             with self._lock:
                 if self._causal is causal:
                     self._beliefs = beliefs
