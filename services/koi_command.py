@@ -275,7 +275,7 @@ def settings(
     """The settings: every KOI_* variable with its default, bounds and meaning (and the
     planner's KoiSettings). Without --markdown, the variables and their values in this
     environment (secrets shown as set or not)."""
-    from services.runtime.settings import ENV
+    from services.runtime.settings import ENV, redact_url
     from services.runtime.settings_doc import markdown as settings_markdown
 
     if markdown:
@@ -284,7 +284,8 @@ def settings(
     for name, (default, _meaning) in ENV.items():
         value = os.environ.get(name, "")
         secret = any(w in name for w in ("PASSWORD", "TOKEN", "API_KEY")) and "FILE" not in name
-        shown = ("(set)" if value else "") if secret else (value or f"{default} (default)")
+        shown = (("(set)" if value else "") if secret
+                 else redact_url(value) if value else f"{default} (default)")
         typer.echo(f"{name}={shown}")
 
 

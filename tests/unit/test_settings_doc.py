@@ -28,3 +28,13 @@ def test_the_page_names_every_variable() -> None:
 def test_koi_settings_prints_the_page() -> None:
     result = CliRunner().invoke(app, ["settings", "--markdown"])
     assert result.exit_code == 0 and result.output == markdown()
+
+
+def test_koi_settings_shows_values_but_no_secret(monkeypatch) -> None:
+    monkeypatch.setenv("KOI_NATS_URL", "nats://placer:s3cret@nats:4222")
+    monkeypatch.setenv("KOI_NATS_PASSWORD", "s3cret")
+    monkeypatch.setenv("KOI_REPLICA", "2")
+    out = CliRunner().invoke(app, ["settings"]).output
+    assert "s3cret" not in out
+    assert "KOI_NATS_PASSWORD=(set)" in out and "KOI_REPLICA=2\n" in out
+    assert "KOI_STAGE_DEADLINE_S=60 (default)" in out
