@@ -187,7 +187,7 @@ def _metric(row: Row, done: list[Completion]) -> float:
     return float((vals * w).sum() / w.sum() * 1e3)
 
 
-def world_check(world: WorldParams | None = None, catalog: Catalog | None = None
+def check_world(world: WorldParams | None = None, catalog: Catalog | None = None
                       ) -> list[tuple[str, float, float]]:
     """(label, measured, simulated) for every in-scope, valid measurement row."""
     cat = catalog or load_catalog()
@@ -207,7 +207,7 @@ def ape_summary(results: list[tuple[str, float, float]]) -> dict[str, float]:
 
 
 def main() -> None:
-    res = world_check()
+    res = check_world()
     for label, meas, sim in res:
         print(f"{label:90s} measured {meas:10.2f} simulated {sim:10.2f}"
               f" ({(sim - meas) / meas:+.0%})")
