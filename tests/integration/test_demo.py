@@ -34,7 +34,7 @@ def _koi_processes() -> set[str]:
 def test_demo_runs_everything_and_stops_it(tmp_path):
     before = _koi_processes()
     env = {k: v for k, v in os.environ.items() if k not in ("KOI_NATS_URL", "KOI_REDIS_URL")}
-    proc = subprocess.Popen([sys.executable, "-m", "koi.cli.main", "demo", "--horizon-s",
+    proc = subprocess.Popen([sys.executable, "-m", "services.koi_command", "demo", "--horizon-s",
                              "300", "--timeout-s", "300"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     out, _ = proc.communicate(timeout=380)

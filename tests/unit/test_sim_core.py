@@ -257,7 +257,7 @@ def test_batch_progress_and_deadline() -> None:
 
 
 def test_batch_job_is_done_when_every_request_is() -> None:
-    from koi.policies.common import batch_done, batch_tokens_left
+    from koi.lifecycle import batch_done, batch_tokens_left
 
     job = batch_job("bulk", 600, deadline_s=3000,
                     output_len={"kind": "lognormal", "mean": 200, "sigma": 0.8})
