@@ -175,3 +175,17 @@ def test_the_unprofiled_variants_make_todays_decisions(method: str) -> None:
     decisions = _decisions(f"{method}-unprofiled")
     digest = hashlib.sha256(json.dumps(decisions).encode()).hexdigest()[:16]
     assert digest == TODAY[method], decisions
+
+
+def test_evolve_with_no_option_for_any_job_plans_nothing_and_does_not_raise() -> None:
+    """gen-small-456's first ticks: no job has a profiled shape that fits an offering,
+    so the search has no option at all (it indexed an empty array: found by
+    tests/property/test_generated_scenarios_props.py)."""
+    from koi.bench.runner import run_once
+    from koi.scenario import parse_scenario
+    from koi.scenario.generate import first_ticks, generate_scenario
+
+    cat = load_catalog()
+    scn = parse_scenario(first_ticks(generate_scenario(456, "small", cat), 4), catalog=cat)
+    result = run_once(scn, "evolve", seed=456, sample_fraction=1.0, catalog=cat)
+    assert result.policy_failures == ()

@@ -366,8 +366,10 @@ def quantile_estimate(q: float, h: Histogram) -> float:
     if total <= 0 or not h.bounds or h.sum <= 0 or not 0.0 < q < 1.0:
         return linear
     c = h.cumulative
-    pts = [(float(ndtri(c[i] / total)), math.log(b)) for i, b in enumerate(h.bounds)
-           if 0.0 < c[i] < total and b > 0]
+    zs = [(float(ndtri(c[i] / total)), b) for i, b in enumerate(h.bounds)
+          if 0.0 < c[i] < total and b > 0]
+    pts = [(z, math.log(b)) for z, b in zs if math.isfinite(z)]   # a fraction can round
+    # to 0 or 1 (a subnormal count), whose probit is infinite
     if not pts:
         return linear
     log_mean = math.log(h.sum / total)

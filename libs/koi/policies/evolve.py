@@ -207,9 +207,10 @@ class Evolve(Policy):
 
     # --- the search ----------------------------------------------------------------------
 
-    def search(self, jobs: list[JobStatus], snapshot: ClusterSnapshot
-               ) -> tuple[Options, np.ndarray, np.ndarray, float]:
-        opts = self.options(jobs, snapshot)
+    def search(self, opts: Options, jobs: list[JobStatus], snapshot: ClusterSnapshot
+               ) -> tuple[np.ndarray, np.ndarray, float]:
+        """The best plan over ``opts`` (at least one option): (option, replicas) per job
+        and its fitness."""
         J = len(jobs)
         dem = np.array([demand(j, snapshot.time_s) for j in jobs])
         w = np.array([1.0 + j.spec.priority / 9.0 for j in jobs])
@@ -237,7 +238,7 @@ class Evolve(Policy):
             self._insert(archive, opts, G, R, score(G, R))
         self.archive = {c: (f, self.decode(opts, jobs, g, r)) for c, (f, g, r) in archive.items()}
         f, g, r = max(archive.values(), key=lambda e: e[0])
-        return opts, g, r, f
+        return g, r, f
 
     def _insert(self, archive: dict, opts: Options, G: np.ndarray, R: np.ndarray,
                 fit: np.ndarray) -> None:
@@ -284,7 +285,13 @@ class Evolve(Policy):
         if not jobs:
             return PlanDecision(tick=snapshot.tick, actions=tuple(actions),
                                 notes={"policy": self.name})
-        opts, g, r, f = self.search(jobs, snapshot)
+        opts = self.options(jobs, snapshot)
+        if not opts.shape:
+            # no job has a profiled shape that fits any offering: nothing to search over
+            # (a small generated fleet, gen-small-456); running jobs are left as they are
+            return PlanDecision(tick=snapshot.tick, actions=tuple(actions),
+                                notes={"policy": self.name, "fitness": "none: no option"})
+        g, r, f = self.search(opts, jobs, snapshot)
         ledger = CapacityLedger(snapshot, self.catalog)
         budget = Budget(self.max_swaps)
         for j, job in enumerate(jobs):
