@@ -145,6 +145,9 @@ def test_a_round_becomes_one_event_per_verdict() -> None:
                                  ("hypothesis", "warning", "dropped")]
     assert "hallucinated accelerator" in events[-1].message
     assert events[1].job_id == "chat-eu" and len({e.key for e in events}) == 4
+    # a dropped one names the job it was about, and what it claimed
+    assert events[-1].job_id == "chat-eu" and events[-1].attributes["jobs"] == "chat-eu"
+    assert "h900" in events[-1].attributes["claim"]
     failed = round_events(outcome(ok=False, reason="HTTP 429: rate limited", hypotheses=(),
                                   dropped=(Dropped(0, "x"),)))
     assert failed[0].severity == "warning" and "HTTP 429" in failed[0].message

@@ -226,9 +226,14 @@ def round_events(outcome: RoundOutcome) -> list[EventSpec]:
                                          "hypothesis": h.id,
                                          "expires_tick": str(h.expires_tick)}))
     for d in o.dropped:
+        attrs = {"verdict": "dropped", "round": rid, "hypothesis": d.hypothesis_id,
+                 "reason": printable(d.reason, 200)}
+        if d.job_ids:
+            attrs["jobs"] = printable(",".join(d.job_ids), 200)
+        if d.claim:
+            attrs["claim"] = printable(d.claim, 300)
         out.append(EventSpec("hypothesis", "warning", printable(
             f"dropped hypothesis #{d.index} of round {rid}: {d.reason}", MESSAGE_CHARS),
-            f"{rid}:dropped:{d.index}",
-            attributes={"verdict": "dropped", "round": rid, "hypothesis": d.hypothesis_id,
-                        "reason": printable(d.reason, 200)}))
+            f"{rid}:dropped:{d.index}", job_id=d.job_ids[0] if d.job_ids else "",
+            attributes=attrs))
     return out
