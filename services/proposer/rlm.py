@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import os
 import socket
 import threading
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,12 +100,18 @@ class RoundRunner:
                            f"proposer-{socket.gethostname()}-{os.getpid()}-{self.tag}",
                            ctx.settings.lease_ttl_s)
         self._holding: asyncio.Task[None] | None = None
+        self._import: asyncio.Task[Any] | None = None
 
     async def start(self) -> RoundRunner:
         await self._renew()
         self._holding = asyncio.create_task(self._hold(), name="rlm-lease")
         self._sub = await self.ctx.bus.nc.subscribe(subjects.tick_filter("causal"),
                                                     cb=self._on_causal)
+        # the client library's first import costs ~0.7 s of CPU: start it now, at the
+        # service's start, rather than inside the first round (not awaited: the first
+        # causal message must find the subscription)
+        self._import = asyncio.create_task(asyncio.to_thread(importlib.import_module,
+                                                             "openai"))
         return self
 
     async def stop(self) -> None:
@@ -145,7 +151,9 @@ class RoundRunner:
             self.ctx.log.warning("rlm_trigger_failed", tick=tick, error=repr(exc)[:300])
 
     async def consider(self, tick: int, causal: bytes) -> None:
-        """Start a round at ``tick`` if one is due and none is running."""
+        """Start a round at ``tick`` if one is due and none is running. Only the signals
+        are read here, on the event loop the tick's own proposing shares; decoding the
+        learnt state and the last plan waits for the round's thread."""
         abs_error = dict(codec.decode(causal, causal_pb2.CausalState).abs_error)
         snapshot = await self.reader.snapshot(tick)
         _, observations = await self.reader.observations(tick)
@@ -157,31 +165,19 @@ class RoundRunner:
             return
         self.loop.started(signals)
         self.busy = True
-        beliefs, calibrator, _ = planning.decode_causal_state(causal)
-        state = KoiState(beliefs=beliefs, calibrator=calibrator, tick=tick)
-        explanations = await self._explanations(tick - 1)
+        plan = await self.reader.raw(tick - 1, "plan", wait=False) if tick > 0 else None
         round_id = f"r{tick}-{self.tag}"
         await emit(self.ctx, round_started(round_id, tick, self.settings.model, reasons), tick,
                    snapshot.time_s)
         self.ctx.log.info("rlm_round_started", tick=tick, round=round_id, reasons=reasons)
-        task = asyncio.create_task(self._run(round_id, snapshot, state, explanations,
-                                             reasons))
+        task = asyncio.create_task(self._run(round_id, snapshot, causal, plan, reasons))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _explanations(self, tick: int) -> tuple[Explanation, ...]:
-        """The last plan's explanations (for the ``explain`` tool), if it is stored."""
-        if tick < 0:
-            return ()
-        data = await self.reader.raw(tick, "plan", wait=False)
-        if data is None:
-            return ()
-        return planning.explanations_from_proto(codec.decode(data, plan_pb2.ClusterPlan))
-
-    async def _run(self, round_id: str, snapshot: Any, state: KoiState,
-                   explanations: Sequence[Explanation], reasons: list[str]) -> None:
+    async def _run(self, round_id: str, snapshot: Any, causal: bytes, plan: bytes | None,
+                   reasons: list[str]) -> None:
         try:
-            result = await self._in_thread(round_id, snapshot, state, explanations)
+            result, text = await self._in_thread(round_id, snapshot, causal, plan)
             enters = max(self.latest + 1, snapshot.tick + 1)
             outcome = RoundOutcome.of(result, model=self.settings.model, enters_tick=enters,
                                       triggers=reasons)
@@ -197,29 +193,41 @@ class RoundRunner:
             self.ctx.log.info("rlm_round_published", round=round_id, enters_tick=enters,
                               ok=result.ok, accepted=len(result.hypotheses),
                               dropped=len(result.dropped), tokens=result.spend.tokens)
-            if self.settings.transcripts:
-                text = round_text(inputs_record(
-                    snapshot, state, self.settings, round_id=round_id, planner=self.variant,
-                    backend=self.planner.backend, explanations=explanations),
-                    result.transcript)
+            if text:
                 await asyncio.to_thread(self._write, f"{round_id}.jsonl", text)
         except Exception as exc:
             self.ctx.log.warning("rlm_round_lost", round=round_id, error=repr(exc)[:300])
         finally:
             self.busy = False
 
-    async def _in_thread(self, round_id: str, snapshot: Any, state: KoiState,
-                         explanations: Sequence[Explanation]) -> RoundResult:
+    def _round(self, round_id: str, snapshot: Any, causal: bytes, plan: bytes | None
+               ) -> tuple[RoundResult, str]:
+        """The round itself, off the event loop: the learnt state and the last plan's
+        explanations decoded (the ``explain`` tool's), the round run, and its file's text
+        when transcripts are kept ("" otherwise)."""
+        beliefs, calibrator, _ = planning.decode_causal_state(causal)
+        state = KoiState(beliefs=beliefs, calibrator=calibrator, tick=snapshot.tick)
+        explanations: tuple[Explanation, ...] = () if plan is None else \
+            planning.explanations_from_proto(codec.decode(plan, plan_pb2.ClusterPlan))
+        _, _, result = start_round(snapshot, self.ctx.catalog, state, self.planner,
+                                   self.settings, self.chat, round_id=round_id,
+                                   explanations=explanations)
+        if not self.settings.transcripts:
+            return result, ""
+        return result, round_text(inputs_record(
+            snapshot, state, self.settings, round_id=round_id, planner=self.variant,
+            backend=self.planner.backend, explanations=explanations), result.transcript)
+
+    async def _in_thread(self, round_id: str, snapshot: Any, causal: bytes,
+                         plan: bytes | None) -> tuple[RoundResult, str]:
         """The round on a daemon thread (a process that stops does not wait for it)."""
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[RoundResult] = loop.create_future()
+        done: asyncio.Future[tuple[RoundResult, str]] = loop.create_future()
 
         def work() -> None:
             try:
-                _, _, result = start_round(snapshot, self.ctx.catalog, state, self.planner,
-                                           self.settings, self.chat, round_id=round_id,
-                                           explanations=explanations)
-                loop.call_soon_threadsafe(_settle, done, result, None)
+                got = self._round(round_id, snapshot, causal, plan)
+                loop.call_soon_threadsafe(_settle, done, got, None)
             except BaseException as exc:  # run_round never raises; this is a bug
                 loop.call_soon_threadsafe(_settle, done, None, exc)
 
