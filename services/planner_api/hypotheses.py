@@ -113,12 +113,12 @@ def summary_lines(items: list[plan_service_pb2.JobHypothesis]) -> list[str]:
         h = j.hypothesis
         state = "in force" if j.in_force else "not in force"
         lines.append(
-            f"hypothesis {h.id} ({j.model}, round {j.round_id}, {state}, expires tick"
+            f"model hypothesis {h.id} ({j.model}, round {j.round_id}, {state}, expires tick"
             f" {h.expires_tick}, by {j.relation}): {h.edge.cause} → {h.edge.effect}"
             f" ×{h.size:.2f} [{h.size_low:.2f}–{h.size_high:.2f}]"
             + (f" — {h.statement}" if h.statement else ""))
     for j in [i for i in items if not i.accepted][:4]:
         d = j.dropped
-        lines.append(f"dropped hypothesis #{d.index} of round {j.round_id} ({j.model}):"
+        lines.append(f"dropped model hypothesis #{d.index} of round {j.round_id} ({j.model}):"
                      f" {d.reason}")
     return lines

@@ -88,8 +88,8 @@ def test_explain_lists_the_hypotheses_that_concern_the_job() -> None:
             for t in h.hypothesis.tests] == [("chat-a", "h100-sxm", 96)]
     d = resp.hypotheses[3].dropped
     assert d.index == 3 and "hallucinated accelerator" in d.reason and d.claim
-    assert f"hypothesis {tested.id} (qwen-test, round r5-abc, in force" in resp.summary
-    assert "dropped hypothesis #3 of round r5-abc (qwen-test): scope names" in resp.summary
+    assert f"model hypothesis {tested.id} (qwen-test, round r5-abc, in force" in resp.summary
+    assert "dropped model hypothesis #3 of round r5-abc (qwen-test): scope names" in resp.summary
 
 
 def test_explain_without_rounds_has_no_hypotheses_and_the_book_is_bounded() -> None:
@@ -98,8 +98,7 @@ def test_explain_without_rounds_has_no_hypotheses_and_the_book_is_bounded() -> N
         resp = api.stub.Explain(plan_service_pb2.ExplainRequest(job_id="chat-a"), timeout=5)
     finally:
         api.close()
-    assert not resp.hypotheses and "hypothesis " not in resp.summary.replace(
-        "hypothesis:", "")
+    assert not resp.hypotheses and "model hypothesis" not in resp.summary
     book = HypothesisBook(max_rounds=3)
     for n in range(5):
         book.on_round(hypotheses_to_proto(_round(f"r{n}-x", n + 1, [_hypothesis("chat-a")])))
