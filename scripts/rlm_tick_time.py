@@ -2,7 +2,7 @@
 
 Runs the first ``--ticks`` ticks of a scenario twice per repetition — ``koi``, then
 ``koi-rlm`` pointed at the loopback replay server of the tests
-(``tests/support/openai_replay.py``), which answers the first round with one valid
+(``koi.rlm.replay_server``), which answers the first round with one valid
 hypothesis (``--job`` on an L4 with 96 sequences) and every later round with an empty
 list — and prints each policy's median and p90 wall time of ``decide`` (a round, when one
 runs, counted in its tick), with the rounds run and the hypothesis candidates scored.
@@ -25,10 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-
-from support.openai_replay import ReplayServer  # noqa: E402
+from koi.rlm.replay_server import ReplayServer
 
 
 def hypothesis(job: str) -> dict:
