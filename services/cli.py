@@ -1,7 +1,7 @@
 """The bus side of the ``koi`` command line: serve, submit, events follow.
 
-``koi.cli.main`` declares the commands and imports this module only when one runs, so
-the domain library never imports the transport.
+``services.koi_command`` declares the commands and imports this module only when one
+runs, so ``koi --help`` does not load the transport.
 """
 
 from __future__ import annotations

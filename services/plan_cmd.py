@@ -10,8 +10,8 @@ it); ``--apply`` applies, in make-before-break order.
 The decision comes from the simulated world of the scenario, not from the cluster: the
 diff says how far the cluster is from what the planner would have it run. New
 deployments get the simulator's ids, so a later tick's SCALE or SWAP names objects an
-earlier ``--apply`` created. ``koi.cli.main`` declares the command and imports this
-module only when it runs.
+earlier ``--apply`` created. ``services.koi_command`` declares the command and imports
+this module only when it runs.
 """
 
 from __future__ import annotations

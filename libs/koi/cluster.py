@@ -131,13 +131,18 @@ class DeploymentTelemetry:
     tpot_mean_s: float
     tpot_p95_s: float
     kv_cache_usage: float          # mean fraction of KV blocks in use
-    num_running: float             # mean running sequences
-    num_waiting: float             # mean queued requests
+    num_running: float             # running sequences, mean over the window (*)
+    num_waiting: float             # queued requests, mean over the window (*)
     num_preemptions: float         # KV-overflow preemptions (recompute)
     replica_preemptions: int       # spot reclaims this tick
     output_tok_s: float
     gpu_seconds: float
     cost_usd: float
+    num_running_end: float = 0.0   # running sequences at the window's end
+    num_waiting_end: float = 0.0   # queued requests at the window's end
+    # (*) The simulator knows both a window's means and its end; an engine's gauges show
+    # only the end (what a scrape reads), so telemetry read from engines carries the end
+    # values in both pairs of fields.
 
 
 @dataclass(frozen=True, slots=True)

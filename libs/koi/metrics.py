@@ -48,10 +48,10 @@ from typing import TYPE_CHECKING
 
 from koi.catalog import Catalog, load_catalog
 from koi.jobs import JobSpec, OnlineJob
-from koi.policies.common import cheapest_on_demand, valid_default_configs
 from koi.predictor.api import predict_many
 from koi.predictor.types import LoadMode, Workload
 from koi.records import JobOutcome, RunRecord
+from koi.shapes import cheapest_on_demand, valid_default_configs
 
 if TYPE_CHECKING:  # the scenario package is only read here, never imported at run time
     from koi.scenario.types import Scenario

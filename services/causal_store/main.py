@@ -20,10 +20,10 @@ with them, learning also depends on which rounds had arrived when the tick was l
 from __future__ import annotations
 
 from koi import subjects
-from koi.calibrate import DroCalibrator
 from koi.causal.store import BeliefStore
-from koi.planner.tick import KoiSettings, KoiState, learn_from
-from koi.policies.koi import settings_for
+from koi.dro import DroCalibrator
+from koi.planner.settings import KoiSettings, settings_for
+from koi.planner.tick import KoiState, learn_from
 from koi.rlm.adopt import with_priors
 from koi.wire import planning
 from services.runtime import plausible

@@ -18,8 +18,8 @@ import numpy as np
 from koi import subjects
 from koi.planner.evaluate import Evaluated
 from koi.planner.propose import Proposal
+from koi.planner.settings import settings_for
 from koi.planner.tick import compose_stage, evaluate_stage, explain_stage
-from koi.policies.koi import settings_for
 from koi.v1 import work_pb2
 from koi.wire import planning
 from services.evaluator.kernel import CachedKernel

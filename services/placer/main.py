@@ -25,8 +25,8 @@ import uuid
 
 from koi import subjects
 from koi.cluster import ActionKind, ClusterSnapshot, PlanDecision
+from koi.planner.settings import settings_for
 from koi.planner.tick import place_targets
-from koi.policies.koi import settings_for
 from koi.v1 import events_pb2, plan_pb2
 from koi.wire import codec, planning
 from services.placer.admission import Admission

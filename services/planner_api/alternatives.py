@@ -2,7 +2,7 @@
 
 A job's workload, the DRO radii of a causal state, which mechanisms cover a
 configuration, and a prediction's robust outcomes (corrected by the belief store, then
-widened inside the radii, as ``koi.calibrate`` does). Explain's alternatives are the
+widened inside the radii, as ``koi.dro`` does). Explain's alternatives are the
 job's other candidates of the decided tick (from the proposer's CandidateBatch), each
 predicted that way and labelled with why it lost: a robust SLO breach when there is
 one, else the composer's objective.
@@ -18,15 +18,16 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
-from koi.calibrate import widen
 from koi.catalog import Catalog
 from koi.causal.scope import scope_of
 from koi.causal.store import BeliefStore, apply_correction
+from koi.dro import widen
 from koi.errors import InvalidConfigError, InvalidSpecError
 from koi.jobs import OnlineJob
 from koi.predictor.types import LoadMode, Prediction, Workload
 from koi.space import DeploymentConfig
 from koi.v1 import bus_pb2, causal_pb2, common_pb2, config_pb2, plan_pb2, plan_service_pb2
+from koi.wire.causal import store_from_proto
 from koi.wire.config import config_from_proto
 from koi.wire.predictor import prediction_to_proto
 
@@ -35,7 +36,7 @@ log = structlog.get_logger(__name__)
 # Alternatives Explain predicts at most (each is one predictor call on the caller's
 # thread): a job has up to a few dozen candidates, an operator reads the first few.
 MAX_ALTERNATIVES = 8
-# OutcomeCalibration.outcome may use koi.calibrate's names or the Outcomes field names.
+# OutcomeCalibration.outcome may use koi.dro's names or the Outcomes field names.
 RADIUS_ALIASES = {"ttft_ms": "ttft", "ttft_p95_ms": "ttft_p95", "tpot_ms": "tpot",
                   "tpot_p95_ms": "tpot_p95", "output_throughput_tok_s": "throughput",
                   "total_throughput_tok_s": "throughput"}
@@ -54,7 +55,7 @@ def job_workload(spec: object) -> Workload:
 
 
 def dro_radii(state: causal_pb2.CausalState) -> dict[str, float]:
-    """Radius per koi.calibrate outcome name from the state's calibration entries."""
+    """Radius per koi.dro outcome name from the state's calibration entries."""
     radii: dict[str, float] = {}
     for c in state.calibration:
         if math.isfinite(c.dro_radius) and c.dro_radius > 0:
@@ -73,13 +74,12 @@ def scope_covers(scope: common_pb2.Scope, cfg: DeploymentConfig, catalog: Catalo
     return all(want in ("", "*") or want == have for want, have in wanted)
 
 
-def belief_blob(state: causal_pb2.CausalState) -> BeliefStore | None:
-    """The belief store serialised in ``state.belief_store``, if it carries one."""
-    blob = state.belief_store
-    if not blob:
+def belief_store_of(state: causal_pb2.CausalState) -> BeliefStore | None:
+    """The belief store ``state`` carries (``store`` and its mechanisms), if it has one."""
+    if not state.HasField("store"):
         return None
     try:
-        return BeliefStore.from_bytes(blob)
+        return store_from_proto(state.store, state.mechanisms)
     except Exception as e:  # unreadable: robust outcomes fall back to the radii alone
         log.warning("belief_store_unreadable", version=state.version, error=str(e))
         return None

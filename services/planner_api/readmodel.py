@@ -44,7 +44,7 @@ from koi.wire.jobs import job_from_proto
 from koi.wire.predictor import prediction_to_proto, workload_from_proto
 from services.planner_api.alternatives import (
     alternatives,
-    belief_blob,
+    belief_store_of,
     dro_radii,
     job_workload,
     other_candidates,
@@ -225,7 +225,7 @@ class ReadModel:
     def on_causal(self, state: causal_pb2.CausalState,
                   beliefs: BeliefStore | None = None) -> None:
         """The causal state (an older version is ignored). ``beliefs`` is the decoded
-        belief store when the caller has it; else the message's ``belief_store`` blob is
+        belief store when the caller has it; else the message's ``store`` is
         decoded when a what-if first needs it (not on every tick: it is the costliest
         thing here, and most ticks nobody asks)."""
         msg = causal_pb2.CausalState()
@@ -239,7 +239,7 @@ class ReadModel:
         with self._lock:
             causal, beliefs = self._causal, self._beliefs
         if causal is not None and beliefs is None:
-            beliefs = belief_blob(causal)
+            beliefs = belief_store_of(causal)
             with self._lock:
                 if self._causal is causal:
                     self._beliefs = beliefs
@@ -391,7 +391,7 @@ class ReadModel:
         config that decodes but cannot run is answered ``valid=false`` with every
         violation. Robust outcomes: the prediction corrected by the causal state's belief
         store when one came with it, then widened to the worst case inside the DRO radii
-        of its ``calibration`` (latencies × e^r, throughput × e^−r, as koi.calibrate does).
+        of its ``calibration`` (latencies × e^r, throughput × e^−r, as koi.dro does).
         Without a belief store only the widening applies.
         """
         cfg, violations = decode_config(config, self.catalog)

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from koi import subjects
 from koi.planner.propose import Proposal
+from koi.planner.settings import settings_for
 from koi.planner.tick import active_jobs, mediator_hints, propose_stage
-from koi.policies.koi import settings_for
 from koi.rlm.adopt import widen
 from koi.v1 import work_pb2
 from koi.wire import planning

@@ -33,7 +33,8 @@ from typing import Any
 
 from koi import subjects
 from koi.planner.explain import Explanation
-from koi.planner.tick import KoiSettings, KoiState
+from koi.planner.settings import KoiSettings
+from koi.planner.tick import KoiState
 from koi.rlm.client import ChatClient
 from koi.rlm.hierarchy import RoundResult
 from koi.rlm.loop import (

@@ -1,108 +1,56 @@
 """Service settings, read from the environment: the one list of ``KOI_*`` variables.
 
-Every variable a service, the demo, ``compose/`` or the Kubernetes manifests name is
-declared in ``ENV`` with its default and meaning (a test checks the manifests against
-it). ``ServiceSettings.from_env()`` reads them once at start-up; bad values (not a
+``ServiceSettings`` is a pydantic dataclass: each field is one variable
+(``KOI_<FIELD>``), with its default, its description and its bounds next to it; the NATS
+credentials (``NatsAuth``) and the gRPC token file are the few variables that are not
+one field each (``CREDENTIAL_ENV``). ``ENV``, every variable a service, the demo,
+``compose/`` or the Kubernetes manifests name with its default and meaning (a test checks
+the manifests against it), is derived from them and from ``RlmSettings``;
+docs/SETTINGS.md is generated from them (``koi settings --markdown``).
+``ServiceSettings.from_env()`` reads the variables once at start-up; bad values (not a
 number, out of bounds, not a host:port address, an unreadable password file) fail there
-with the variable's name.
-No secret value ever appears in an error message or a repr.
+with the variable's name. No secret value ever appears in an error message or a repr.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 from urllib.parse import urlsplit
+
+from pydantic import (
+    ConfigDict,
+    Field,
+    InstanceOf,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic import dataclasses as pydantic_dataclasses
 
 from koi.rlm.settings import env_table as rlm_env_table
 
-# name → (default, meaning)
-ENV: dict[str, tuple[str, str]] = {
-    "KOI_NATS_URL": ("nats://127.0.0.1:4222", "NATS server(s), comma-separated; tls://… "
-                     "requires TLS"),
+ENV_PREFIX = "KOI_"
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+_USER = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+# the variables that are not one ServiceSettings field each: name → (default, meaning)
+CREDENTIAL_ENV: dict[str, tuple[str, str]] = {
     "KOI_NATS_USER": ("", "NATS user of this process (one per service); empty = no auth"),
     "KOI_NATS_PASSWORD": ("", "that user's password (prefer KOI_NATS_PASSWORD_FILE)"),
     "KOI_NATS_PASSWORD_FILE": ("", "file holding that user's password (a mounted Secret)"),
     "KOI_NATS_CA": ("", "CA certificate (PEM) to trust for NATS TLS; set = TLS on"),
-    "KOI_REDIS_URL": ("", "Redis for the prediction cache; empty = no cache"),
-    "KOI_SCENARIO": ("hetero-3h", "scenario the sim service runs (name or YAML path)"),
-    "KOI_SEED": ("1", "seed of the simulated world and the jobs"),
-    "KOI_HORIZON_S": ("", "cut the scenario's horizon to this many seconds; empty = full"),
-    "KOI_SAMPLE_FRACTION": ("", "simulator request thinning; empty = the scenario's/auto"),
-    "KOI_POLICY": ("koi", "planner variant: koi | koi-no-causal | koi-no-learning | koi-no-dro"
-                   " | koi-ttft-nominal"),
-    "KOI_GRPC_ADDR": ("127.0.0.1:50051", "planner-api's gRPC listen address"),
-    "KOI_GRPC_TLS_CERT": ("", "planner-api's TLS certificate (PEM); with the key = TLS only"),
-    "KOI_GRPC_TLS_KEY": ("", "that certificate's private key (PEM)"),
-    "KOI_GRPC_TOKEN": ("", "bearer token every gRPC call but health must carry; empty = none"
-                       " (prefer KOI_GRPC_TOKEN_FILE)"),
-    "KOI_GRPC_TOKEN_FILE": ("", "file holding that token (a mounted Secret)"),
-    "KOI_GRPC_HEALTH_ADDR": ("", "planner-api's plaintext listen address for grpc.health.v1"
-                             " alone (probes that cannot speak TLS); empty = none"),
-    "KOI_STAGE_DEADLINE_S": ("60", "seconds a tick waits for a stage before it degrades"),
-    "KOI_LOG_LEVEL": ("info", "debug | info | warning | error"),
-    "KOI_LOG_FORMAT": ("json", "json (structlog JSON lines) | console"),
-    "KOI_REPLICA": ("0", "replica index of this process (queue groups, leader election)"),
-    "KOI_LEASE_TTL_S": ("5", "placer leader lease: seconds before a standby takes over"),
-    "KOI_EVAL_SHARD": ("2000", "candidates per evaluator work item"),
-    "KOI_SIM_METRICS_PORT": ("", "sim: serve each simulated replica's engine /metrics page and"
-                             " a Prometheus http_sd /targets on 127.0.0.1 at this port (0 ="
-                             " any free port; the URL is in KV koi_sim/metrics) and leave the"
-                             " telemetry to engine-metrics; empty = off"),
-    "KOI_METRICS_SOURCE": ("scrape", "engine-metrics: scrape (read the pages the targets list)"
-                           " | prometheus (ask KOI_PROMETHEUS_URL)"),
-    "KOI_METRICS_TARGETS_URL": ("", "engine-metrics: Prometheus http_sd JSON listing the replica"
-                                " pages; empty = the sim's /targets when it serves them, else"
-                                " idle"),
-    "KOI_PROMETHEUS_URL": ("", "engine-metrics with KOI_METRICS_SOURCE=prometheus: the server's"
-                           " base URL, e.g. http://prometheus:9090"),
-    "KOI_SCRAPE_TIMEOUT_S": ("2", "engine-metrics: seconds for one page, targets list or query"),
-    "KOI_SCRAPE_CONCURRENCY": ("8", "engine-metrics: pages (or queries) read at once"),
+    "KOI_GRPC_TOKEN_FILE": ("", "file holding planner-api's gRPC bearer token (a mounted "
+                            "Secret); instead of KOI_GRPC_TOKEN"),
 }
-# The proposer's language-model hypothesis layer (docs/RLM.md): koi.rlm.settings.RlmSettings
-# reads and checks these itself (RlmSettings.from_env; every field is one variable, its
-# default and meaning taken from the field). Off unless a model is named.
-ENV.update(rlm_env_table())
-
-# numeric variables: name → (type, lowest, highest), both ends allowed
-BOUNDS: dict[str, tuple[type, float, float]] = {
-    "KOI_SEED": (int, 0, 2**63 - 1),
-    "KOI_HORIZON_S": (float, 1e-3, 10 * 365 * 86400.0),
-    "KOI_SAMPLE_FRACTION": (float, 1e-6, 1.0),
-    "KOI_STAGE_DEADLINE_S": (float, 1e-3, 3600.0),
-    "KOI_REPLICA": (int, 0, 10_000),
-    "KOI_LEASE_TTL_S": (float, 0.1, 3600.0),
-    "KOI_EVAL_SHARD": (int, 1, 10_000_000),
-    "KOI_SIM_METRICS_PORT": (int, 0, 65535),
-    "KOI_SCRAPE_TIMEOUT_S": (float, 1e-2, 300.0),
-    "KOI_SCRAPE_CONCURRENCY": (int, 1, 256),
-}
-METRICS_SOURCES = ("scrape", "prometheus")
-_USER = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-def env(name: str, environ: Mapping[str, str] | None = None) -> str:
-    """The value of a declared variable (its default when unset or empty)."""
-    if name not in ENV:
-        raise KeyError(f"{name} is not a declared Koi variable; declared: {', '.join(ENV)}")
-    source = os.environ if environ is None else environ
-    return source.get(name) or ENV[name][0]
-
-
-def number(name: str, raw: str) -> float | int:
-    """``raw`` as the type ``BOUNDS`` gives ``name``, refused outside its bounds."""
-    kind, low, high = BOUNDS[name]
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
-    if not math.isfinite(value) or not low <= value <= high:
-        raise ValueError(f"{name}={raw!r} is out of bounds: must be in [{low:g}, {high:g}]")
-    return value
+# fields of ServiceSettings that no variable of their own sets
+_NOT_A_VARIABLE = frozenset({"nats_auth"})
+_SECRET_FIELDS = frozenset({"grpc_token", "metrics_targets_url", "prometheus_url", "nats_url",
+                            "redis_url"})
 
 
 def redact_url(url: str) -> str:
@@ -175,12 +123,6 @@ def http_url(name: str, raw: str) -> str:
     return raw
 
 
-def metrics_source(raw: str) -> str:
-    if raw not in METRICS_SOURCES:
-        raise ValueError(f"KOI_METRICS_SOURCE={raw!r}: one of {', '.join(METRICS_SOURCES)}")
-    return raw
-
-
 def grpc_token(token: str, token_file: str) -> str:
     """planner-api's bearer token, from the variable or the file (not both); "" = none."""
     if token and token_file:
@@ -196,69 +138,180 @@ def grpc_token(token: str, token_file: str) -> str:
     return token
 
 
-@dataclass(frozen=True)
+def _env_default(default: Any) -> str:
+    """A field's default as the environment spells it ("" for None: unset)."""
+    if default is None:
+        return ""
+    if isinstance(default, bool):
+        return str(default).lower()
+    if isinstance(default, float) and default.is_integer():
+        return str(int(default))
+    return str(default)
+
+
+@pydantic_dataclasses.dataclass(frozen=True, config=ConfigDict(allow_inf_nan=False))
 class ServiceSettings:
-    nats_url: str
-    redis_url: str
-    scenario: str
-    seed: int
-    horizon_s: float | None
-    sample_fraction: float | None
-    policy: str
-    grpc_addr: str
-    stage_deadline_s: float
-    log_level: str
-    log_format: str
-    replica: int
-    lease_ttl_s: float
-    eval_shard: int
-    nats_auth: NatsAuth = NatsAuth()
-    grpc_tls_cert: str = ""
-    grpc_tls_key: str = ""
-    grpc_token: str = field(default="", repr=False)
-    grpc_health_addr: str = ""
-    sim_metrics_port: int | None = None
-    metrics_source: str = "scrape"
+    """Every service's settings; field ``x`` is the variable ``KOI_X`` (``from_env``)."""
+
+    nats_url: str = Field(default="nats://127.0.0.1:4222", min_length=1,
+                          description="NATS server(s), comma-separated; tls://… requires TLS")
+    redis_url: str = Field(default="", description="Redis for the prediction cache; empty = "
+                                                   "no cache")
+    scenario: str = Field(default="hetero-3h", min_length=1, description="scenario the sim "
+                          "service runs (name or YAML path)")
+    seed: int = Field(default=1, ge=0, le=2**63 - 1,
+                      description="seed of the simulated world and the jobs")
+    horizon_s: float | None = Field(default=None, ge=1e-3, le=10 * 365 * 86400.0,
+                                    description="cut the scenario's horizon to this many "
+                                                "seconds; empty = full")
+    sample_fraction: float | None = Field(default=None, ge=1e-6, le=1.0,
+                                          description="simulator request thinning; empty = "
+                                                      "the scenario's/auto")
+    policy: str = Field(default="koi", min_length=1, description="planner variant: koi | "
+                        "koi-no-causal | koi-no-learning | koi-no-dro | koi-ttft-nominal")
+    grpc_addr: str = Field(default="127.0.0.1:50051",
+                           description="planner-api's gRPC listen address")
+    stage_deadline_s: float = Field(default=60.0, ge=1e-3, le=3600.0,
+                                    description="seconds a tick waits for a stage before it "
+                                                "degrades")
+    log_level: str = Field(default="info", description="debug | info | warning | error "
+                           "| critical")
+    log_format: Literal["json", "console"] = Field(
+        default="json", description="json (structlog JSON lines) | console")
+    replica: int = Field(default=0, ge=0, le=10_000, description="replica index of this "
+                         "process (queue groups, leader election)")
+    lease_ttl_s: float = Field(default=5.0, ge=0.1, le=3600.0, description="placer leader "
+                               "lease: seconds before a standby takes over")
+    eval_shard: int = Field(default=2000, ge=1, le=10_000_000,
+                            description="candidates per evaluator work item")
+    nats_auth: InstanceOf[NatsAuth] = Field(
+        default_factory=NatsAuth, description="NATS credentials (KOI_NATS_USER, "
+        "KOI_NATS_PASSWORD(_FILE), KOI_NATS_CA)")
+    grpc_tls_cert: str = Field(default="", description="planner-api's TLS certificate "
+                               "(PEM); with the key = TLS only")
+    grpc_tls_key: str = Field(default="", description="that certificate's private key (PEM)")
+    grpc_token: str = Field(default="", repr=False, description="bearer token every gRPC "
+                            "call but health must carry; empty = none (prefer "
+                            "KOI_GRPC_TOKEN_FILE)")
+    grpc_health_addr: str = Field(default="", description="planner-api's plaintext listen "
+                                  "address for grpc.health.v1 alone (probes that cannot speak"
+                                  " TLS); empty = none")
+    sim_metrics_port: int | None = Field(
+        default=None, ge=0, le=65535,
+        description="sim: serve each simulated replica's engine /metrics page and a "
+                    "Prometheus http_sd /targets on 127.0.0.1 at this port (0 = any free "
+                    "port; the URL is in KV koi_sim/metrics) and leave the telemetry to "
+                    "engine-metrics; empty = off")
+    metrics_source: Literal["scrape", "prometheus"] = Field(
+        default="scrape", description="engine-metrics: scrape (read the pages the targets "
+                                      "list) | prometheus (ask KOI_PROMETHEUS_URL)")
     # URLs may carry credentials (user:password@): kept out of the repr
-    metrics_targets_url: str = field(default="", repr=False)
-    prometheus_url: str = field(default="", repr=False)
-    scrape_timeout_s: float = 2.0
-    scrape_concurrency: int = 8
+    metrics_targets_url: str = Field(
+        default="", repr=False, description="engine-metrics: Prometheus http_sd JSON listing "
+        "the replica pages; empty = the sim's /targets when it serves them, else idle")
+    prometheus_url: str = Field(
+        default="", repr=False, description="engine-metrics with KOI_METRICS_SOURCE="
+        "prometheus: the server's base URL, e.g. http://prometheus:9090")
+    scrape_timeout_s: float = Field(default=2.0, ge=1e-2, le=300.0, description="engine-"
+                                    "metrics: seconds for one page, targets list or query")
+    scrape_concurrency: int = Field(default=8, ge=1, le=256, description="engine-metrics: "
+                                    "pages (or queries) read at once")
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        if value.lower() not in LOG_LEVELS:
+            raise ValueError(f"not one of {', '.join(LOG_LEVELS)}")
+        return value
+
+    @field_validator("grpc_addr")
+    @classmethod
+    def _grpc_addr(cls, value: str) -> str:
+        return listen_addr("KOI_GRPC_ADDR", value)
+
+    @field_validator("metrics_targets_url")
+    @classmethod
+    def _targets_url(cls, value: str) -> str:
+        return http_url("KOI_METRICS_TARGETS_URL", value)
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _prometheus_url(cls, value: str) -> str:
+        return http_url("KOI_PROMETHEUS_URL", value)
+
+    @model_validator(mode="after")
+    def _health_addr(self) -> ServiceSettings:
+        grpc_health_addr(self.grpc_health_addr, self.grpc_addr)
+        return self
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> ServiceSettings:
-        def get(name: str) -> str:
-            return env(name, environ)
+        """The settings from ``KOI_*`` variables (unset or empty = the default)."""
+        source = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name in variable_fields():
+            raw = source.get(ENV_PREFIX + name.upper())
+            if raw:
+                values[name] = raw
+        values["grpc_token"] = grpc_token(source.get("KOI_GRPC_TOKEN") or "",
+                                          source.get("KOI_GRPC_TOKEN_FILE") or "")
+        values["nats_auth"] = NatsAuth.from_env(environ)
+        try:
+            return ServiceSettings(**values)
+        except ValidationError as err:
+            raise ValueError(_env_errors(err, values)) from None
 
-        horizon, fraction = get("KOI_HORIZON_S"), get("KOI_SAMPLE_FRACTION")
-        port = get("KOI_SIM_METRICS_PORT")
-        return ServiceSettings(
-            nats_url=get("KOI_NATS_URL"), redis_url=get("KOI_REDIS_URL"),
-            scenario=get("KOI_SCENARIO"), seed=int(number("KOI_SEED", get("KOI_SEED"))),
-            horizon_s=float(number("KOI_HORIZON_S", horizon)) if horizon else None,
-            sample_fraction=(float(number("KOI_SAMPLE_FRACTION", fraction))
-                             if fraction else None),
-            policy=get("KOI_POLICY"),
-            grpc_addr=listen_addr("KOI_GRPC_ADDR", get("KOI_GRPC_ADDR")),
-            stage_deadline_s=float(number("KOI_STAGE_DEADLINE_S",
-                                          get("KOI_STAGE_DEADLINE_S"))),
-            log_level=get("KOI_LOG_LEVEL"), log_format=get("KOI_LOG_FORMAT"),
-            replica=int(number("KOI_REPLICA", get("KOI_REPLICA"))),
-            lease_ttl_s=float(number("KOI_LEASE_TTL_S", get("KOI_LEASE_TTL_S"))),
-            eval_shard=int(number("KOI_EVAL_SHARD", get("KOI_EVAL_SHARD"))),
-            nats_auth=NatsAuth.from_env(environ),
-            grpc_tls_cert=get("KOI_GRPC_TLS_CERT"), grpc_tls_key=get("KOI_GRPC_TLS_KEY"),
-            grpc_token=grpc_token(get("KOI_GRPC_TOKEN"), get("KOI_GRPC_TOKEN_FILE")),
-            grpc_health_addr=grpc_health_addr(get("KOI_GRPC_HEALTH_ADDR"),
-                                              get("KOI_GRPC_ADDR")),
-            sim_metrics_port=int(number("KOI_SIM_METRICS_PORT", port)) if port else None,
-            metrics_source=metrics_source(get("KOI_METRICS_SOURCE")),
-            metrics_targets_url=http_url("KOI_METRICS_TARGETS_URL",
-                                         get("KOI_METRICS_TARGETS_URL")),
-            prometheus_url=http_url("KOI_PROMETHEUS_URL", get("KOI_PROMETHEUS_URL")),
-            scrape_timeout_s=float(number("KOI_SCRAPE_TIMEOUT_S", get("KOI_SCRAPE_TIMEOUT_S"))),
-            scrape_concurrency=int(number("KOI_SCRAPE_CONCURRENCY",
-                                          get("KOI_SCRAPE_CONCURRENCY"))))
+
+def variable_fields() -> list[str]:
+    """The ``ServiceSettings`` fields that one ``KOI_<FIELD>`` variable each sets."""
+    return [name for name in _field_info() if name not in _NOT_A_VARIABLE]
+
+
+def _field_info() -> dict[str, Any]:
+    """Field name → pydantic ``FieldInfo`` (default, description, bounds) of
+    ``ServiceSettings``, in declaration order."""
+    return dict(ServiceSettings.__pydantic_fields__)  # type: ignore[attr-defined]
+
+
+def _env_errors(err: ValidationError, values: Mapping[str, Any]) -> str:
+    """One line per bad variable, naming it; secrets and URLs' credentials left out."""
+    parts = []
+    for e in err.errors(include_url=False):
+        name = str(e["loc"][0]) if e["loc"] else ""
+        msg = e["msg"].removeprefix("Value error, ")
+        var = ENV_PREFIX + name.upper() if name else ""
+        if not var or msg.startswith(var):
+            parts.append(msg)
+            continue
+        raw = values.get(name, "")
+        shown = ("" if name == "grpc_token" else
+                 f"={redact_url(str(raw))!r}" if name in _SECRET_FIELDS else f"={raw!r}")
+        parts.append(f"{var}{shown}: {msg}")
+    return "; ".join(parts)
+
+
+def _service_env() -> dict[str, tuple[str, str]]:
+    out: dict[str, tuple[str, str]] = {}
+    for name, info in _field_info().items():
+        if name not in _NOT_A_VARIABLE:
+            out[ENV_PREFIX + name.upper()] = (_env_default(info.default), info.description or "")
+    return out
+
+
+# name → (default, meaning): every variable, from the settings models
+ENV: dict[str, tuple[str, str]] = {**_service_env(), **CREDENTIAL_ENV}
+# The proposer's language-model hypothesis layer (docs/RLM.md): koi.rlm.settings.RlmSettings
+# reads and checks these itself (RlmSettings.from_env; every field is one variable, its
+# default and meaning taken from the field). Off unless a model is named.
+ENV.update(rlm_env_table())
+
+
+def env(name: str, environ: Mapping[str, str] | None = None) -> str:
+    """The value of a declared variable (its default when unset or empty)."""
+    if name not in ENV:
+        raise KeyError(f"{name} is not a declared Koi variable; declared: {', '.join(ENV)}")
+    source = os.environ if environ is None else environ
+    return source.get(name) or ENV[name][0]
 
 
 # service name (as `koi serve NAME` takes it) → module under services/

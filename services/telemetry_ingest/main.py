@@ -18,8 +18,8 @@ import math
 from koi import subjects
 from koi.cluster import DeploymentTelemetry
 from koi.jobs import OnlineJob, Slo
+from koi.planner.settings import settings_for
 from koi.planner.tick import observe, steady_deployments
-from koi.policies.koi import settings_for
 from koi.wire import planning
 from services.runtime.app import ServiceContext, main
 from services.runtime.bus import Bus, Undecodable

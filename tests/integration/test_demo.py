@@ -39,7 +39,7 @@ def test_demo_runs_everything_and_stops_it(tmp_path):
     before = _koi_processes()
     env = {k: v for k, v in os.environ.items()
            if k not in ("KOI_NATS_URL", "KOI_REDIS_URL") and not k.startswith("KOI_RLM_")}
-    proc = subprocess.Popen([sys.executable, "-m", "koi.cli.main", "demo", "--horizon-s",
+    proc = subprocess.Popen([sys.executable, "-m", "services.koi_command", "demo", "--horizon-s",
                              "300", "--timeout-s", "300"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     out, _ = proc.communicate(timeout=380)
@@ -62,7 +62,8 @@ def test_demo_against_a_replayed_model_shows_its_hypotheses(tmp_path):
         assert url.startswith("http://127.0.0.1:") and url.endswith("/v1"), url
         env.update(KOI_RLM_BASE_URL=url, KOI_RLM_MODEL="replay-model", COLUMNS="240",
                    KOI_RLM_TRANSCRIPTS=str(tmp_path / "rlm"))
-        proc = subprocess.run([sys.executable, "-m", "koi.cli.main", "demo", "--horizon-s",
+        proc = subprocess.run([sys.executable, "-m", "services.koi_command", "demo",
+                               "--horizon-s",
                                "300", "--timeout-s", "300"], env=env, capture_output=True,
                               text=True, timeout=380)
     finally:

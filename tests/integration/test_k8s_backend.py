@@ -19,12 +19,12 @@ import yaml
 from typer.testing import CliRunner
 
 from koi.catalog import load_catalog
-from koi.cli.main import app
 from koi.cluster import Action, ActionKind, DeploymentState, PlanDecision
 from koi.fleet.k8s import names as N
 from koi.scenario.types import FleetEntry
 from koi.space import engine_default_config
 from services.k8s_backend import KubernetesBackend, api_client
+from services.koi_command import app
 from support.k8s_schema import validate
 from support.k8s_standin import StandIn
 

@@ -38,6 +38,7 @@ from koi.v1 import (
     prediction_pb2,
 )
 from koi.wire import config_to_proto
+from koi.wire.causal import store_to_proto
 from services.planner_api.grpc_server import PlanServer, serve
 from services.planner_api.main import feeds
 from services.planner_api.readmodel import MAX_CANDIDATE_TICKS, NotFound, ReadModel
@@ -410,7 +411,7 @@ def test_what_if_with_a_workload(api: Running) -> None:
 
 
 def test_what_if_for_a_job_and_with_a_belief_store(api: Running) -> None:
-    api.model.on_causal(causal_state(belief_store=BeliefStore().to_bytes()))
+    api.model.on_causal(causal_state(store=store_to_proto(BeliefStore())))
     resp = api.stub.WhatIf(plan_service_pb2.WhatIfRequest(
         config=config_to_proto(CFG), job_id="chat-a"), timeout=10)
     assert resp.valid

@@ -35,7 +35,7 @@ import pytest
 
 from koi.catalog import load_catalog
 from koi.cluster import ClusterSnapshot, Deployment, DeploymentState, DeploymentTelemetry
-from koi.fleet.engine_metrics import Histogram, histogram_quantile, parse_page
+from koi.fleet.engine_metrics import Histogram, parse_page, quantile_estimate
 from koi.fleet.exposition import ReplicaCounters, render
 from koi.fleet.scrape import targets_document
 from koi.space import engine_default_config
@@ -179,7 +179,7 @@ def _shape(fleet: Fleet) -> dict[str, tuple[float, float]]:
     out = {}
     for dep, reps in fleet.replicas.items():
         h = parse_page(render(LAYOUT[dep], reps[0])).histograms["ttft"]
-        out[dep] = (histogram_quantile(0.95, h), h.sum / h.count)
+        out[dep] = (quantile_estimate(0.95, h), h.sum / h.count)
     return out
 
 

@@ -18,7 +18,8 @@ from koi.cluster import (
 )
 from koi.jobs import Arrival, BatchJob, JobSpec, LengthDist, OnlineJob, Slo
 from koi.policies import make_policy
-from koi.policies.common import needs_placement, smallest_fitting_config
+from koi.policies.bookkeeping import needs_placement
+from koi.shapes import smallest_fitting_config
 from koi.space import validate
 
 CAT = load_catalog()

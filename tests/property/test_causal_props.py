@@ -7,8 +7,8 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from koi.calibrate import DroCalibrator, adverse
 from koi.causal import Belief, BeliefConfig, BeliefStore, OutcomeObservation, Scope
+from koi.dro import DroCalibrator, adverse
 
 SCOPES = (Scope("l4", "vllm", "≤10B", "tp1", family="ada"),
           Scope("h100-sxm", "sglang", "40–100B", "tp4", family="hopper"),

@@ -44,8 +44,8 @@ from koi.causal.scope import Scope
 from koi.errors import InvalidConfigError, InvalidSpecError
 from koi.jobs import load_jobs_yaml
 from koi.planner.propose import Proposal
+from koi.planner.settings import settings_for
 from koi.planner.tick import KoiState, learn_from
-from koi.policies.koi import settings_for
 from koi.predictor.passes import LOG_GRID
 from koi.rlm.hypothesis import CandidateTest, Direction, Dropped, Exploration, Hypothesis
 from koi.rlm.loop import RoundOutcome

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from koi.catalog import load_catalog
 from koi.cluster import ActionKind, ClusterSnapshot, JobStatus, OfferingCapacity
 from koi.jobs import parse_job
-from koi.planner.tick import KoiSettings, KoiState, plan_tick
+from koi.planner.settings import KoiSettings
+from koi.planner.tick import KoiState, plan_tick
 from koi.space import validate
 
 CAT = load_catalog()

@@ -7,7 +7,8 @@ from typing import Any
 
 from koi.catalog import Catalog, load_catalog
 from koi.cluster import ClusterSnapshot, Deployment, DeploymentState, JobStatus, OfferingCapacity
-from koi.planner.tick import KoiSettings, KoiState
+from koi.planner.settings import KoiSettings
+from koi.planner.tick import KoiState
 from koi.sim.testing import batch_job, online_job
 from koi.space import engine_default_config
 

@@ -9,7 +9,7 @@ import pytest
 
 from koi.catalog import Catalog, Interconnect, load_catalog
 from koi.predictor.accuracy import CaseResult, accuracy_report, predict_cases
-from koi.predictor.calibration import GROUPS, PRIORS, load_calibration
+from koi.predictor.calibration import GROUPS, PRIORS, Calibration, load_calibration
 from koi.predictor.measurements import Case, load_cases, measurements_path
 from koi.space import Precision
 
@@ -86,9 +86,14 @@ def test_calibration_has_no_per_row_keys(cat: Catalog) -> None:
         "engine_ttft_ms": set(cat.engines),
         "link": {i.value for i in Interconnect},
         "global": set(PRIORS["global"]),
+        "kernel_scale": set(cat.engines),
     }
     assert set(allowed) == set(GROUPS)
-    cal = load_calibration()
+    for kernels in (False, True):
+        _shared_factors_only(load_calibration(kernels=kernels), allowed)
+
+
+def _shared_factors_only(cal: Calibration, allowed: dict[str, set[str]]) -> None:
     assert set(cal.factors) <= set(GROUPS)
     for group, table in cal.factors.items():
         for key, value in table.items():

@@ -28,7 +28,8 @@ from koi.policies.baselines import (
     BestFixed,
     edf_deadline_s,
 )
-from koi.policies.common import CapacityLedger, smallest_fitting_config
+from koi.policies.bookkeeping import CapacityLedger
+from koi.shapes import smallest_fitting_config
 from koi.space import validate
 
 CAT = load_catalog()

@@ -6,9 +6,9 @@ import zlib
 
 import pytest
 
-from koi.calibrate import DroCalibrator
 from koi.causal.store import BeliefStore
 from koi.compress import MAX_INFLATED_BYTES, inflate
+from koi.dro import DroCalibrator
 
 
 def test_inflate_round_trips_and_refuses_what_grows_past_the_bound() -> None:

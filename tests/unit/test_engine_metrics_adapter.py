@@ -75,7 +75,8 @@ def _tick(tick: int, dep_id: str, seed: int) -> DeploymentTelemetry:
                 "gen_tokens": 3e4, "preemptions": 2.0, "replica_preemptions": 0,
                 "gpu_seconds": 60.0, "cost_usd": 0.1},
         ttft=rng.lognormal(-1.5, 0.7, n), tpot=rng.lognormal(-3.5, 0.4, n), weights=w,
-        means={"kv": 0.5, "running": 12.0, "waiting": 3.0})
+        means={"kv": 0.5, "running": 12.0, "waiting": 3.0},
+        end={"running": 10.0 + seed % 4, "waiting": 1.0 + seed % 3})
 
 
 # --- targets -------------------------------------------------------------------------------
@@ -228,7 +229,8 @@ def test_a_replica_that_missed_a_tick_does_not_mix_window_lengths() -> None:
 
 def test_simulated_pages_give_every_tick_back_as_replicas_come_and_go() -> None:
     """Ready and starting replicas listed, scaled up and down, a draining deployment that
-    keeps its list: each tick's counters and mean gauges come back from the pages."""
+    keeps its list: each tick's counters and end-of-window gauges come back from the
+    pages."""
     eng, book = SimulatedEngines(), ScrapeBook()
     plan = [  # (ready, starting, state) of d1 at each snapshot; d2 an SGLang one beside it
         (0, 2, DeploymentState.STARTING), (2, 0, DeploymentState.RUNNING),
@@ -249,9 +251,13 @@ def test_simulated_pages_give_every_tick_back_as_replicas_come_and_go() -> None:
             for want in telemetry:
                 have = got[want.deployment_id]
                 for f in ("requests_finished", "prompt_tokens", "generation_tokens",
-                          "num_running", "num_waiting", "kv_cache_usage", "requests_dropped"):
+                          "num_running_end", "num_waiting_end", "kv_cache_usage",
+                          "requests_dropped"):
                     assert getattr(have, f) == pytest.approx(getattr(want, f), rel=1e-9), \
                         (n, want.deployment_id, f)
+                # an engine's gauges are the queue at the window's end, not its mean
+                assert have.num_running == pytest.approx(want.num_running_end, rel=1e-9)
+                assert have.num_waiting == pytest.approx(want.num_waiting_end, rel=1e-9)
         telemetry = [_tick(n, "d1", 10 + n), _tick(n, "d2", 20 + n)]
     engine_of = {t.deployment_id: t.engine for t in targets}
     assert engine_of == {"d1": "vllm", "d2": "sglang"}
@@ -266,7 +272,8 @@ def test_what_no_engine_could_show_is_shown_as_zero() -> None:
     mean TTFT has come out negative: the pages show 0, and stay readable."""
     eng = SimulatedEngines()
     eng.update(_snap(0, _dep("d1", 1)), [])
-    bad = dataclasses.replace(_tick(0, "d1", 5), num_waiting=-3e-15, ttft_mean_s=-3.3)
+    bad = dataclasses.replace(_tick(0, "d1", 5), num_waiting=-3e-15, num_waiting_end=-3e-15,
+                              ttft_mean_s=-3.3)
     eng.update(_snap(1, _dep("d1", 1)), [bad])
     page = parse_page(eng.page("d1", 0))
     assert page.gauges["waiting"] == 0.0 and page.histograms["ttft"].sum == 0.0

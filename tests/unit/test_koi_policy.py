@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from koi.bench.learning import replay, series, summary
 from koi.bench.runner import run_once
 from koi.cli.main import app
-from koi.planner.tick import KoiSettings, KoiState
+from koi.planner.settings import KoiSettings
+from koi.planner.tick import KoiState
 from koi.policies import policy_names
 from koi.policies.koi import Koi
 from koi.sim.testing import batch_job, online_job, tiny_scenario

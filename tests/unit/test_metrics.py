@@ -17,11 +17,11 @@ from koi.metrics import (
     offered_output_tokens,
     reference_cost_per_token,
 )
-from koi.policies.common import cheapest_on_demand, valid_default_configs
 from koi.predictor.api import predict
 from koi.predictor.types import Workload
 from koi.records import JobOutcome, RunRecord
 from koi.scenario.types import FleetEntry, Scenario
+from koi.shapes import cheapest_on_demand, valid_default_configs
 
 
 def online(job_id: str, **kw: float | bool) -> JobOutcome:

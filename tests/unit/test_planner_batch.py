@@ -10,7 +10,8 @@ import pytest
 from koi.catalog import load_catalog
 from koi.cluster import ActionKind, ClusterSnapshot, JobStatus, OfferingCapacity
 from koi.jobs import parse_job
-from koi.planner.tick import KoiSettings, KoiState, plan_tick
+from koi.planner.settings import KoiSettings
+from koi.planner.tick import KoiState, plan_tick
 
 CAT = load_catalog()
 H100 = "aws/us-east-1/h100-sxm/on_demand"
@@ -55,8 +56,8 @@ def test_pace_above_one_runs_ahead_only_with_spare_gpus() -> None:
 def test_only_the_configured_outcomes_radius_tightens_the_plan() -> None:
     """The calibrator's prior radius (0.5) widens the robust TTFT p95 by e^0.5 when
     ``dro_outcomes`` names it (the default) and not otherwise; TPOT p95 keeps its own."""
-    from koi.calibrate import DroCalibrator
     from koi.causal.store import BeliefStore
+    from koi.dro import DroCalibrator
     from koi.planner.tick import evaluate_stage, propose_stage
 
     chat = JobStatus(spec=parse_job({"kind": "online", "id": "chat", "model": "llama-3.1-8b",

@@ -75,7 +75,8 @@ def test_a_job_nothing_serves_robustly_is_held_as_it_runs() -> None:
 
 def test_the_running_deployments_mediators_guide_the_proposer_only_when_enabled() -> None:
     from koi.planner.propose import Hints
-    from koi.planner.tick import KoiSettings, propose_stage
+    from koi.planner.settings import KoiSettings
+    from koi.planner.tick import propose_stage
 
     job = online("a")
     snap, dep = running_snapshot(job)

@@ -151,11 +151,12 @@ def test_learnt_passes_recover_the_capacity_of_a_slower_world(cat) -> None:
     model's, seen at half load, is inverted into a pass belief, and the evaluator's rate
     within SLO for that configuration comes within 10 % of the slower world's (the raw
     model's is far above it)."""
-    from koi.calibrate import DroCalibrator
     from koi.causal import BeliefStore, OutcomeObservation, scope_of
     from koi.cluster import ClusterSnapshot, JobStatus, OfferingCapacity
+    from koi.dro import DroCalibrator
     from koi.jobs import parse_job
-    from koi.planner.tick import KoiSettings, evaluate_stage
+    from koi.planner.settings import KoiSettings
+    from koi.planner.tick import evaluate_stage
     from koi.predictor.api import evaluate_matrix
     from koi.predictor.columns import OUT
     from koi.predictor.features import build_inputs
@@ -251,11 +252,12 @@ def test_a_batch_candidate_takes_the_throughput_belief_of_its_saturated_regime(c
     candidate saturated and looks its correction up in that regime, not the base one."""
     from dataclasses import fields
 
-    from koi.calibrate import DroCalibrator
     from koi.causal import BeliefStore, OutcomeObservation, attribute, scope_of
     from koi.cluster import ClusterSnapshot, JobStatus, OfferingCapacity
+    from koi.dro import DroCalibrator
     from koi.jobs import parse_job
-    from koi.planner.tick import KoiSettings, evaluate_stage
+    from koi.planner.settings import KoiSettings
+    from koi.planner.tick import evaluate_stage
     from koi.predictor.api import predict_many
     from koi.predictor.types import LoadMode, Workload
 
@@ -322,11 +324,12 @@ def test_online_candidates_are_scored_at_every_risk_level_batch_at_one(cat) -> N
 def test_risk_levels_come_from_the_calibrator_and_fall_with_the_margin() -> None:
     import math
 
-    from koi.calibrate import DroCalibrator
     from koi.causal import OutcomeObservation
     from koi.causal.observe import log_residuals
     from koi.causal.scope import Scope
-    from koi.planner.tick import KoiSettings, risk_levels
+    from koi.dro import DroCalibrator
+    from koi.planner.settings import KoiSettings
+    from koi.planner.tick import risk_levels
 
     rng = np.random.default_rng(5)
     obs = [OutcomeObservation(

@@ -26,9 +26,9 @@ from koi.jobs import Arrival, BatchJob, LengthDist, OnlineJob, Slo
 from koi.metrics import metrics_for
 from koi.policies import make_policy, policy_names
 from koi.policies.bandit import LinUCB
-from koi.policies.common import default_config
 from koi.policies.melange import Column, solve_mix
 from koi.scenario import load_scenario
+from koi.shapes import default_config
 from koi.sim import Simulator
 
 CAT = load_catalog()

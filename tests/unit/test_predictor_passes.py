@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from koi.calibrate import DroCalibrator
 from koi.catalog import load_catalog
 from koi.causal import BeliefStore, OutcomeObservation, scope_of
 from koi.causal.observe import log_residuals, pass_residual
+from koi.dro import DroCalibrator
 from koi.predictor.api import evaluate_matrix
 from koi.predictor.columns import IN, OUT
 from koi.predictor.features import build_inputs

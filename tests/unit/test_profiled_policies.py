@@ -21,10 +21,10 @@ from koi.cluster import (
 from koi.jobs import Arrival, BatchJob, LengthDist, OnlineJob, Slo
 from koi.metrics import metrics_for
 from koi.planner.candidates import MAX_REPLICAS
-from koi.planner.tick import KoiSettings
+from koi.planner.settings import KoiSettings
 from koi.policies import make_policy, policy_names
-from koi.policies.practitioner_common import Predicted, slo_of
 from koi.policies.profiled import Profiled, scenario_accelerators
+from koi.policies.profiles import Predicted, slo_of
 from koi.scenario import parse_scenario
 from koi.scenario.generate import first_ticks, generate_scenario
 from koi.sim import Simulator

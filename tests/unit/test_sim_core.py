@@ -257,7 +257,7 @@ def test_batch_progress_and_deadline() -> None:
 
 
 def test_batch_job_is_done_when_every_request_is() -> None:
-    from koi.policies.common import batch_done, batch_tokens_left
+    from koi.lifecycle import batch_done, batch_tokens_left
 
     job = batch_job("bulk", 600, deadline_s=3000,
                     output_len={"kind": "lognormal", "mean": 200, "sigma": 0.8})
@@ -460,3 +460,22 @@ def test_a_relaunch_reshards_the_same_gpus() -> None:
     assert any(e.kind == "relaunch" and "tp2" in e.detail for e in rec.events)
     (bulk,) = rec.jobs
     assert bulk.tokens_processed > 0
+
+
+def test_no_telemetry_shows_a_negative_latency_or_queue() -> None:
+    """A batch job's request whose first token came on a reclaimed spot replica keeps
+    its arrival when it is fed to another (its TTFT came out negative when the feed
+    restamped it), and an emptied queue weighs exactly 0 (not -1e-14)."""
+    sc = tiny_scenario([batch_job("bulk", 60000, out=600), online_job("chat", rate=6)],
+                       {RUNPOD_SPOT: 8, OD: 8}, horizon_s=1800)
+    sim = Simulator(sc, seed=5, world=_preempt_world())
+    sim.apply(PlanDecision(0, (_launch("bulk", RUNPOD_SPOT), _launch("bulk", OD),
+                               _launch("chat", RUNPOD_SPOT), _launch("chat", OD))))
+    seen = 0
+    while not sim.done:
+        for t in sim.advance():
+            seen += 1
+            assert min(t.ttft_mean_s, t.ttft_p95_s, t.num_waiting, t.num_running,
+                       t.num_waiting_end, t.num_running_end) >= 0.0, t
+    assert seen > 20
+    assert any(e.kind == "preemption" for e in sim.fleet.events)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from koi.catalog import load_catalog
-from koi.policies.common import default_config
+from koi.shapes import default_config
 from koi.sim.profile import LoadPoint, Profiler, RequestShape, leading_run
 from koi.sim.world import load_world
 

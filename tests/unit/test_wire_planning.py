@@ -21,7 +21,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from koi.calibrate import DroCalibrator
 from koi.catalog import load_catalog
 from koi.causal.observe import OutcomeObservation
 from koi.causal.scope import ANY, Scope
@@ -36,14 +35,15 @@ from koi.cluster import (
 )
 from koi.compose import ComposePlan
 from koi.compose.types import Decision, JobChoice, SolverName
+from koi.dro import DroCalibrator
 from koi.errors import InvalidSpecError
 from koi.jobs import shared_data_dir
+from koi.lifecycle import job_finished
 from koi.planner.explain import Explanation
 from koi.planner.place import Target, place
 from koi.planner.propose import Proposal
 from koi.planner.tick import TickReport, active_mechanisms, mediator_hints, propose_stage
 from koi.policies import make_policy
-from koi.policies.common import job_finished
 from koi.scenario import load_scenario
 from koi.space import DeploymentConfig
 from koi.v1 import causal_pb2, cluster_pb2, plan_pb2
@@ -277,7 +277,10 @@ def test_causal_state_round_trips_exactly(run: list[Tick]) -> None:
         assert tick == t.snapshot.tick
         assert beliefs == t.beliefs and calibrator == t.calibrator
         assert beliefs.to_bytes() == t.beliefs.to_bytes()
+        assert calibrator.to_bytes() == t.calibrator.to_bytes()  # NaN spreads included
         msg = decode(data, causal_pb2.CausalState)
+        assert len(msg.store.beliefs) == len(t.beliefs.beliefs)
+        assert len(msg.calibrator_state.observations) == len(t.calibrator.observations)
         assert msg.version == t.beliefs.version
         assert len(msg.beliefs) == len(t.beliefs.beliefs) + len(t.beliefs.tails) \
             + len(t.beliefs.cliffs)
@@ -519,12 +522,15 @@ def _candidate_without_config() -> bytes:
 def test_a_bad_causal_state_raises_invalid_spec_error(run: list[Tick]) -> None:
     t = run[-1]
     msg = decode(encode_causal_state(t.beliefs, t.calibrator, 8), causal_pb2.CausalState)
-    for field, value, match in (("belief_store", b"", "belief_store: missing"),
-                                ("calibrator", b"not zlib", "cannot decode"),
+    for field, value, match in (("store", None, "store: missing"),
+                                ("calibrator_state", None, "calibrator_state: missing"),
                                 ("version", t.beliefs.version + 1, "belief store is at")):
         broken = causal_pb2.CausalState()
         broken.CopyFrom(msg)
-        setattr(broken, field, value)
+        if value is None:
+            broken.ClearField(field)
+        else:
+            setattr(broken, field, value)
         with pytest.raises(InvalidSpecError, match=match) as info:
             decode_causal_state(encode(broken))
         assert info.value.source == "koi.v1.CausalState"

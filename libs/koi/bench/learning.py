@@ -19,9 +19,10 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from koi.calibrate import OUTCOMES
 from koi.catalog import load_catalog
-from koi.planner.tick import KoiSettings, TickReport
+from koi.dro import OUTCOMES
+from koi.planner.settings import KoiSettings
+from koi.planner.tick import TickReport
 from koi.policies import make_policy
 from koi.scenario import load_scenario
 from koi.scenario.types import Scenario

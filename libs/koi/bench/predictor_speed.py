@@ -33,10 +33,11 @@ class SpeedResult:
     cpu_per_s: float
 
 
-def candidate_matrix(n: int, seed: int = 0) -> np.ndarray:
-    """``n`` candidate columns: real configs, random lengths, Poisson loads."""
+def candidate_matrix(n: int, seed: int = 0, kernels: bool | None = None) -> np.ndarray:
+    """``n`` candidate columns: real configs, random lengths, Poisson loads; with
+    ``kernels``, passes timed from the kernel tables where they cover the config."""
     cases = load_cases()
-    base = build_inputs([(c.config, c.workload) for c in cases])
+    base = build_inputs([(c.config, c.workload) for c in cases], kernels=kernels)
     rng = np.random.default_rng(seed)
     X = base[:, rng.integers(0, base.shape[1], n)].copy()
     X[IN["in_len"]] = rng.integers(32, 8192, n)
@@ -60,13 +61,15 @@ def time_backend(name: str, fn: Callable[[np.ndarray], np.ndarray], X: np.ndarra
 
 
 def run(n: int = 1_000_000, runs: int = 5, numpy_runs: int = 3,
-        progress: Callable[[str], None] | None = None) -> list[SpeedResult]:
-    X = candidate_matrix(n)
+        progress: Callable[[str], None] | None = None,
+        kernels: bool | None = None) -> list[SpeedResult]:
+    X = candidate_matrix(n, kernels=kernels)
     predict_kernel(X[:, :16])  # compile (or load the cache) outside the timing
     if progress:
         progress("numba kernel")
     results = [time_backend("numba", predict_kernel, X, runs)]
-    if progress:
-        progress("numpy reference")
-    results.append(time_backend("numpy", predict_reference, X, numpy_runs))
+    if numpy_runs > 0:
+        if progress:
+            progress("numpy reference")
+        results.append(time_backend("numpy", predict_reference, X, numpy_runs))
     return results

@@ -87,14 +87,22 @@ def scenario_ticks(scenario: Scenario) -> int:
 
 def run_once(scenario: Scenario | str, policy_name: str, seed: int, *,
              sample_fraction: float | None = None, catalog: Catalog | None = None,
-             on_tick: TickCallback | None = None) -> RunResult:
+             on_tick: TickCallback | None = None, telemetry_path: str = "sim") -> RunResult:
     """Run ``policy_name`` through ``scenario`` with ``seed`` (policy and simulator).
 
     ``sample_fraction=None`` lets the simulator choose (the scenario's own, else
     ``koi.sim.auto_sample_fraction``). ``on_tick(done, total)`` is called after every tick.
-    Raises ``ValueError`` for an unknown policy before anything runs.
+    ``telemetry_path``: the policy sees the simulator's own telemetry (``sim``) or the
+    same read back from the simulated engines' ``/metrics`` pages (``pages``,
+    ``koi.fleet.simulated.PageReader``). Raises ``ValueError`` for an unknown policy or
+    telemetry path before anything runs.
     """
+    from koi.fleet.simulated import TELEMETRY_PATHS, PageReader
     from koi.sim.simulator import Simulator  # the simulator is heavy; import on use
+
+    if telemetry_path not in TELEMETRY_PATHS:
+        raise ValueError(f"telemetry path {telemetry_path!r}: one of "
+                         f"{', '.join(TELEMETRY_PATHS)}")
 
     scn = load_scenario(scenario) if isinstance(scenario, str) else scenario
     cat = catalog or load_catalog()
@@ -107,12 +115,16 @@ def run_once(scenario: Scenario | str, policy_name: str, seed: int, *,
     sim = Simulator(scn, seed=seed, sample_fraction=sample_fraction, catalog=cat)
     failures: list[PolicyFailure] = []
     refused = 0
+    pages = PageReader(cat) if telemetry_path == "pages" else None
     telemetry: list[DeploymentTelemetry] = []
+    snapshot = sim.snapshot()
     while not sim.done:
-        snapshot = sim.snapshot()
         decision = _decide(policy, snapshot, telemetry, failures)
         refused += sum(not o.applied for o in sim.apply(decision))
         telemetry = sim.advance()
+        snapshot = sim.snapshot()
+        if pages is not None:
+            telemetry = pages.read(snapshot, telemetry)
         if on_tick is not None:
             on_tick(sim.tick, ticks)
     record = sim.record(policy_name)
@@ -147,7 +159,8 @@ def run_matrix(scenarios: Sequence[Scenario | str], policies: Sequence[str],
                seeds: Sequence[int], *, sample_fraction: float | None = None,
                catalog: Catalog | None = None,
                progress: ProgressCallback | None = None,
-               on_result: Callable[[RunResult], None] | None = None) -> list[RunResult]:
+               on_result: Callable[[RunResult], None] | None = None,
+               telemetry_path: str = "sim") -> list[RunResult]:
     """Every (scenario, policy, seed), scenario-major, in the order given.
 
     ``progress`` gets a ``RunProgress`` before each run (tick 0) and after every tick;
@@ -167,7 +180,7 @@ def run_matrix(scenarios: Sequence[Scenario | str], policies: Sequence[str],
 
         tick_cb(0, ticks)
         res = run_once(scn, pol, seed, sample_fraction=sample_fraction, catalog=cat,
-                       on_tick=tick_cb)
+                       on_tick=tick_cb, telemetry_path=telemetry_path)
         results.append(res)
         if on_result is not None:
             on_result(res)

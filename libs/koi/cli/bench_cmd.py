@@ -53,7 +53,7 @@ def parse_seeds(values: Sequence[str]) -> list[int]:
 def bench_command(console: Console, *, scenarios: list[str], policies: list[str],
                   seeds: list[int], json_out: Path | None, out: Path,
                   sample_fraction: float | None, plots: bool | None,
-                  jobs: bool = False) -> None:
+                  jobs: bool = False, telemetry_path: str = "sim") -> None:
     from koi.bench.report import results_json, run_json
     from koi.bench.runner import RunProgress, run_matrix
     from koi.bench.suite import git_commit, machine
@@ -81,6 +81,10 @@ def bench_command(console: Console, *, scenarios: list[str], policies: list[str]
         except (KoiError, OSError) as exc:
             hint = "" if "shipped" in str(exc) else f"shipped: {', '.join(list_scenarios())}"
             _fail(console, str(exc), hint)
+    from koi.fleet.simulated import TELEMETRY_PATHS
+    if telemetry_path not in TELEMETRY_PATHS:
+        _fail(console, f"--telemetry must be one of {', '.join(TELEMETRY_PATHS)} "
+                       f"(got {telemetry_path!r})", "")
     if sample_fraction is not None and not 0.0 < sample_fraction <= 1.0:
         _fail(console, f"--sample-fraction must be in (0, 1] (got {sample_fraction})", "")
     seeds = seeds or [1]
@@ -90,7 +94,9 @@ def bench_command(console: Console, *, scenarios: list[str], policies: list[str]
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / "runs.jsonl"
     jsonl.write_text("")
-    stamp = {"commit": git_commit(), **machine()}  # where the runs ran, for koi bench report
+    # where the runs ran (and, when not the simulator's own, what they read), for the report
+    stamp = {"commit": git_commit(), **machine(),
+             **({"telemetry": telemetry_path} if telemetry_path != "sim" else {})}
 
     def on_result(res: RunResult) -> None:  # partial results survive an interrupted matrix
         with jsonl.open("a") as fh:
@@ -117,7 +123,8 @@ def bench_command(console: Console, *, scenarios: list[str], policies: list[str]
                 bar.update(all_runs, completed=p.run_index + 1)
 
         results = run_matrix(loaded, policies, seeds, sample_fraction=sample_fraction,
-                             progress=progress, on_result=on_result)
+                             progress=progress, on_result=on_result,
+                             telemetry_path=telemetry_path)
 
     _print_and_write(console, results, out)
     if jobs:

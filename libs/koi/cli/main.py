@@ -1,8 +1,10 @@
-"""The `koi` command line: predict, calibrate, bench, explain, profile, demo, serve, submit,
-events, scenario, plan, rlm.
+"""The domain's command line: predict, calibrate, bench, explain, profile, scenario, rlm.
 
 Thin: parses flags, calls the domain library, prints with rich. Each subcommand's
-logic lives in ``koi.*``; nothing here decides anything.
+logic lives in ``koi.*``; nothing here decides anything. The commands that need the
+bus or a cluster (serve, submit, events, demo, plan, security, bench bus, bench
+admission) are added to ``app`` by ``services.koi_command``, which the ``koi`` console
+script runs: this module must not import ``services``.
 """
 
 from __future__ import annotations
@@ -24,8 +26,6 @@ app = typer.Typer(help="Koi: a self-calibrating planner for LLM inference fleets
 bench_app = typer.Typer(help="Benchmarks: policies through scenarios (options below), or the"
                         " predictor's speed and accuracy (subcommands).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
-events_app = typer.Typer(help="The operator event log.", no_args_is_help=True)
-app.add_typer(events_app, name="events")
 scenario_app = typer.Typer(help="Scenarios: generate new ones from the catalog.",
                            no_args_is_help=True)
 app.add_typer(scenario_app, name="scenario")
@@ -104,6 +104,10 @@ def bench(
     jobs: Annotated[bool, Opt("--jobs/--no-jobs", help="Also a per-job table (SLO met,"
                               " batch progress, GPU-hours by family, swaps / relaunches /"
                               " scales), jobs.csv, and per-job rows in the JSON.")] = False,
+    telemetry: Annotated[str, Opt(help="What the policies read: sim (the simulator's own"
+                                  " telemetry) or pages (the same read back from the"
+                                  " simulated engines' /metrics pages, as from a real"
+                                  " fleet).")] = "sim",
 ) -> None:
     """Run policies through simulated scenarios: the preprint's table columns, mean ±
     half-range over seeds, as a rich table, markdown and CSV."""
@@ -116,7 +120,7 @@ def bench(
                   policies=[*(policy or []), *split_list([policies or ""])],
                   seeds=[*(seed or []), *parse_seeds(split_list([seeds or ""]))],
                   json_out=json_out, out=out, sample_fraction=sample_fraction, plots=plots,
-                  jobs=jobs)
+                  jobs=jobs, telemetry_path=telemetry)
 
 
 @bench_app.command("predictor")
@@ -125,6 +129,10 @@ def bench_predictor(
     runs: Annotated[int, Opt(help="Timed runs of the numba kernel (median).")] = 5,
     numpy_runs: Annotated[int, Opt(help="Timed runs of the numpy reference.")] = 3,
     json_out: Annotated[Path | None, Opt("--json", help="Write results as JSON.")] = None,
+    kernels: Annotated[bool | None, Opt("--kernels/--roofline", help="Time passes from the "
+                                        "measured kernel tables where they cover a config, "
+                                        "or the roofline everywhere (default: the "
+                                        "predictor's default).")] = None,
 ) -> None:
     """Predictions per second: numba kernel vs numpy reference (one core)."""
     from koi.bench.predictor_speed import run
@@ -132,7 +140,7 @@ def bench_predictor(
     os.environ.setdefault("NUMBA_NUM_THREADS", "1")
     with console.status("timing…") as status:
         results = run(candidates, runs, numpy_runs,
-                      progress=lambda s: status.update(f"timing {s}…"))
+                      progress=lambda s: status.update(f"timing {s}…"), kernels=kernels)
     table = Table(title=f"Predictor speed, {candidates:,} candidates (median of runs)")
     for col in ("backend", "runs", "median wall s", "predictions/s (wall)",
                 "predictions/s (CPU)", "all runs, wall s"):
@@ -141,8 +149,8 @@ def bench_predictor(
         table.add_row(r.backend, str(r.runs), f"{r.median_s:.3f}", f"{r.per_s:,.0f}",
                       f"{r.cpu_per_s:,.0f}", " ".join(f"{t:.3f}" for t in r.all_s))
     console.print(table)
-    speedup = results[0].per_s / results[1].per_s
-    console.print(f"numba / numpy speed-up: {speedup:.1f}×")
+    if len(results) > 1:
+        console.print(f"numba / numpy speed-up: {results[0].per_s / results[1].per_s:.1f}×")
     if json_out:
         json_out.write_text(json.dumps([r.__dict__ for r in results], indent=2))
 
@@ -151,8 +159,19 @@ def bench_predictor(
 def bench_accuracy(
     markdown: Annotated[bool, Opt(help="Print markdown tables (for docs).")] = False,
     rows: Annotated[bool, Opt(help="Also list every case.")] = False,
+    compare: Annotated[bool, Opt(help="Held-out errors with and without the measured "
+                                      "kernel tables, by source, accelerator, engine and "
+                                      "metric, and the rows where they disagree most.")
+                       ] = False,
 ) -> None:
     """Median absolute % error against shared/data/perf_measurements.csv."""
+    if compare:
+        from koi.predictor.compare import compare_held_out
+        from koi.predictor.compare import markdown as compare_markdown
+
+        with console.status("cross-validating both predictors…"):
+            print(compare_markdown(compare_held_out()))
+        return
     from koi.cli.reports import accuracy_tables
 
     accuracy_tables(console, markdown=markdown, rows=rows)
@@ -177,112 +196,6 @@ def bench_steps(
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from e
     steps_tables(console, comparison, markdown=markdown, rows=rows)
-
-
-@bench_app.command("bus")
-def bench_bus(
-    scenario: Annotated[str, Opt(help="Scenario.")] = "hetero-3h",
-    seed: Annotated[int, Opt(help="Seed.")] = 1,
-    horizon_s: Annotated[float | None, Opt(help="Cut the scenario to this many seconds.")
-                         ] = None,
-    runs: Annotated[int, Opt(help="Runs of each (medians are reported).")] = 3,
-    evaluators: Annotated[str, Opt(help="Evaluator replica counts to compare for the "
-                                        "evaluate stage; '' skips it.")] = "",
-    eval_scenario: Annotated[str, Opt(help="Scenario of the scale-out comparison.")
-                             ] = "hetero-12h",
-    eval_horizon_s: Annotated[float | None, Opt(help="Its horizon cut.")] = 7200.0,
-    replicas: Annotated[str, Opt(help="Replicas in the overhead runs, e.g. "
-                                      "proposer=2,evaluator=2 (default one of each).")] = "",
-    telemetry: Annotated[bool, Opt(help="Also run the scenario once with the sim "
-                                        "publishing telemetry and once with engine "
-                                        "/metrics pages scraped, and compare.")] = False,
-) -> None:
-    """The bus's overhead against the in-process run (medians of --runs), the evaluate
-    stage with 1 vs more evaluator replicas, and (--telemetry) telemetry over the bus
-    against telemetry read from engine pages over HTTP."""
-    import statistics
-
-    from services.bench import overhead, parse_replicas, scale_out, telemetry_paths
-
-    if telemetry:
-        t = telemetry_paths(scenario, seed, horizon_s, progress=console.print)
-        first = "none" if t.first_difference is None else str(t.first_difference)
-        console.print(f"{t.scenario} seed {t.seed}, {t.ticks} ticks: score with telemetry "
-                      f"over the bus {t.score['bus']:.2f}, over HTTP {t.score['http']:.2f} "
-                      f"(difference {t.difference:+.2f}); identical decisions on "
-                      f"{t.same_ticks}/{t.ticks} ticks, first difference at tick {first}; "
-                      f"wall {t.wall_s['bus']:.0f} s vs {t.wall_s['http']:.0f} s")
-    if runs > 0:
-        r = overhead(scenario, seed, horizon_s, runs, progress=console.print,
-                     replicas=parse_replicas(replicas))
-        console.print(f"{r.scenario} seed {r.seed}, {r.horizon_s:.0f} s: in-process median "
-                      f"{statistics.median(r.in_process_s):.1f} s {list(map(_s, r.in_process_s))}"
-                      f", bus median {statistics.median(r.bus_s):.1f} s "
-                      f"{list(map(_s, r.bus_s))}; ratio {r.ratio:.2f}×; metrics "
-                      f"{'identical' if r.same_metrics else 'DIFFER'}; replicas "
-                      f"{dict(r.replicas) or 'one of each'}")
-    counts = tuple(int(x) for x in evaluators.split(",") if x.strip())
-    if counts:
-        s = scale_out(eval_scenario, seed, eval_horizon_s, counts, progress=console.print)
-        for n, per in s.evaluate_s.items():
-            console.print(f"{s.scenario} ({s.horizon_s:.0f} s): {n} evaluator(s): evaluate "
-                          f"stage median {statistics.median(per) * 1e3:.0f} ms, mean "
-                          f"{statistics.fmean(per) * 1e3:.0f} ms over {len(per)} ticks; "
-                          f"run {s.wall_s[n]:.0f} s")
-
-
-def _s(x: float) -> str:
-    return f"{x:.1f}"
-
-
-@bench_app.command("admission")
-def bench_admission(
-    rates: Annotated[str, Opt(help="Offered submissions/s, comma-separated.")
-                     ] = "500,1000,2000,4000,8000",
-    duration_s: Annotated[float, Opt(help="Seconds of sending at each rate.")] = 4.0,
-    runs: Annotated[int, Opt(help="Runs at each rate (each on a fresh NATS; the median "
-                                  "row is printed after them).")] = 1,
-    replicas: Annotated[int, Opt(help="Placer replicas answering (queue group).")] = 2,
-    timeout_s: Annotated[float, Opt(help="Seconds a sender waits for each ack.")] = 2.0,
-    out: Annotated[Path, Opt(help="Directory for the placers' logs.")
-                   ] = Path("out/bench-admission"),
-    secure: Annotated[bool, Opt("--secure/--plain", help="NATS as deployed (TLS, one user "
-                                "per role) or plain TCP without accounts.")] = True,
-) -> None:
-    """Job admission under load: acked/s, ack latency, busy answers, and whether every
-    accepted job is stored exactly once (a fresh NATS and placers per run)."""
-    from services.bench_admission import HEADER, format_row, knee, median_row, sweep
-    from services.runtime.logs import configure_logging
-
-    configure_logging("bench-admission", "warning", "console")  # the table alone on stdout
-
-    try:
-        wanted = tuple(float(x) for x in rates.split(",") if x.strip())
-    except ValueError:
-        raise typer.BadParameter(f"--rates takes numbers, comma-separated (got {rates!r})"
-                                 ) from None
-    if not wanted or not all(0 < r <= 100_000 for r in wanted):
-        raise typer.BadParameter(f"--rates must be in (0, 100000] (got {rates!r})")
-    if duration_s <= 0 or timeout_s <= 0 or runs < 1 or replicas < 1:
-        raise typer.BadParameter("--duration-s and --timeout-s must be > 0, --runs and "
-                                 "--replicas >= 1")
-
-    def say(line: str) -> None:
-        console.print(line, soft_wrap=True)
-
-    say(HEADER)
-    per = sweep(wanted, duration_s, timeout_s, replicas, runs, out, progress=say,
-                secure=secure)
-    medians = {rate: median_row(rows) for rate, rows in per.items()}
-    if runs > 1:
-        say(f"median of {runs} runs:")
-        for row in medians.values():
-            say(format_row(row))
-    held, broke = knee(medians)
-    console.print(f"holds (p99 <= 250 ms, no timeout, lost, duplicate or lying ack, <= 1 % "
-                  f"busy) up to {held:g}/s" if held else "holds at none of these rates",
-                  end="")
-    console.print(f"; not at {broke:g}/s" if broke else "")
 
 
 @bench_app.command("thinning")
@@ -445,142 +358,6 @@ def profile(
     from koi.cli.profile_cmd import profile_command
 
     profile_command(console, scenario, seed, out)
-
-
-@app.command()
-def demo(
-    scenario: Annotated[str, Opt(help="Scenario the simulated cluster runs.")] = "hetero-3h",
-    seed: Annotated[int, Opt(help="Seed of the world and the jobs.")] = 1,
-    horizon_s: Annotated[float | None, Opt(help="Stop the scenario after this many "
-                                                "simulated seconds.")] = None,
-    fast: Annotated[bool, Opt(help="A short run: the first hour of the scenario.")] = False,
-    timeout_s: Annotated[float, Opt(help="Give up after this many wall seconds.")] = 600.0,
-    predictor: Annotated[bool, Opt(help="Only show the predictor on public measurements "
-                                        "(no services).")] = False,
-    telemetry: Annotated[str, Opt(help="bus: the sim publishes telemetry; http: it serves "
-                                       "engine /metrics pages that engine-metrics reads.")
-                         ] = "bus",
-) -> None:
-    """Run every service on an embedded NATS against a simulated fleet and show what the
-    planner does (live progress, events, then the run's metrics)."""
-    if predictor:
-        from koi.cli.reports import demo_report
-
-        demo_report(console)
-        return
-    from services.demo import run_demo
-
-    if telemetry not in ("bus", "http"):
-        raise typer.BadParameter("bus or http", param_hint="--telemetry")
-    horizon = 3600.0 if fast and horizon_s is None else horizon_s
-    raise typer.Exit(run_demo(scenario=scenario, seed=seed, horizon_s=horizon,
-                              timeout_s=timeout_s, console=console, telemetry=telemetry))
-
-
-@app.command()
-def serve(name: Annotated[str, typer.Argument(help="Service: sim, telemetry-ingest, "
-                                                   "causal-store, proposer, evaluator, "
-                                                   "placer, planner-api, engine-metrics.")],
-          metrics_port: Annotated[int | None, Opt(
-              help="sim only: serve each replica's engine /metrics page and a Prometheus "
-                   "/targets on 127.0.0.1 at this port (0 = any free port), as "
-                   "KOI_SIM_METRICS_PORT does.", min=0, max=65535)] = None) -> None:
-    """Run one service until SIGTERM/SIGINT (settings from the KOI_* environment)."""
-    from services.cli import serve as serve_service
-
-    if metrics_port is not None:
-        if name != "sim":
-            raise typer.BadParameter("only the sim serves metrics pages",
-                                     param_hint="--metrics-port")
-        os.environ["KOI_SIM_METRICS_PORT"] = str(metrics_port)
-    serve_service(name)
-
-
-@app.command()
-def plan(
-    backend: Annotated[str, Opt(help="Where the actions go: k8s.")] = "k8s",
-    apply: Annotated[bool, Opt("--apply/--dry-run", help="Apply the actions, or only show"
-                               " them (the default).")] = False,
-    server_dry_run: Annotated[bool, Opt(help="With --dry-run: also send every write with"
-                                        " dryRun=All, for the API server to validate.")
-                              ] = False,
-    scenario: Annotated[str, Opt(help="Scenario name or YAML file.")] = "hetero-3h",
-    tick: Annotated[int, Opt(help="The planning tick whose actions to show.")] = 0,
-    seed: Annotated[int, Opt(help="Seed.")] = 1,
-    policy: Annotated[str, Opt(help="Planning policy.")] = "koi",
-    kube_url: Annotated[str | None, Opt(help="API server URL without credentials (kubectl"
-                                        " proxy); default: the kubeconfig.")] = None,
-    kubeconfig: Annotated[str | None, Opt(help="Kubeconfig file (default: $KUBECONFIG or"
-                                          " ~/.kube/config).")] = None,
-    namespace: Annotated[str, Opt(help="Namespace Koi's objects live in.")] = "koi",
-    manifest_options: Annotated[Path | None, Opt(help="YAML: checkpoints, draft_models,"
-                                                 " images, hf_token_secret, ...")] = None,
-) -> None:
-    """Replay a scenario to a tick and show its actions on a Kubernetes cluster: the
-    manifests, the diff against what runs, and why (docs/FLEETS.md)."""
-    from services.plan_cmd import plan_command
-
-    raise typer.Exit(plan_command(
-        backend=backend, apply=apply, server_dry_run=server_dry_run, scenario=scenario,
-        tick=tick, seed=seed, policy=policy, kube_url=kube_url, kubeconfig=kubeconfig,
-        namespace=namespace, options_file=manifest_options))
-
-
-@app.command()
-def security(
-    action: Annotated[str, typer.Argument(help="init")],
-    directory: Annotated[Path, typer.Argument(help="Secrets directory to make or complete.")],
-    san: Annotated[list[str] | None, Opt(help="Extra server name or IP (repeatable).")] = None,
-    mount: Annotated[Path | None, Opt(help="Where DIRECTORY appears to nats-server.")] = None,
-) -> None:
-    """`koi security init DIR`: a CA, the server certificate (NATS and planner-api's
-    gRPC), one user per service, the nats-server config and planner-api's gRPC bearer
-    token (services/runtime/security.py). No secret is printed."""
-    from services.runtime.security import init_command
-
-    if action != "init":
-        raise typer.BadParameter(f"unknown action {action!r}; known: init")
-    console.print(init_command(directory, san or (), mount))
-
-
-@app.command()
-def submit(
-    path: Annotated[Path, typer.Argument(help="Job YAML (one job or a list).")],
-    nats_url: Annotated[str | None, Opt(help="NATS URL (default $KOI_NATS_URL).")] = None,
-    timeout_s: Annotated[float, Opt(help="Seconds to keep asking for each ack (busy "
-                                         "answers and silence are retried; then the "
-                                         "stream is looked up).")] = 15.0,
-    debug: Annotated[bool, Opt(help="Show the traceback of an error, not one line.")
-                     ] = False,
-) -> None:
-    """Submit jobs on koi.jobs.submit and print each ack (accepted with its id, or rejected
-    with the reason). Exit code 1 if any was rejected or unanswered, 2 if the file or the
-    bus could not be used."""
-    from services.cli import submit as submit_jobs
-
-    raise typer.Exit(submit_jobs(path, nats_url, timeout_s, debug))
-
-
-@events_app.command("follow")
-def events_follow(
-    job: Annotated[str | None, Opt(help="Only this job's events.")] = None,
-    severity: Annotated[str, Opt(help="Minimum severity: debug|info|warning|error|"
-                                      "critical.")] = "info",
-    since: Annotated[str, Opt(help="Start from 30s/10m/2h/1d ago, an ISO time, or "
-                                   "'all'.")] = "10m",
-    follow: Annotated[bool, Opt(help="Keep following new events (--no-follow: print what "
-                                     "is there and exit).")] = True,
-    nats_url: Annotated[str | None, Opt(help="NATS URL (default $KOI_NATS_URL).")] = None,
-    kind: Annotated[list[str] | None, Opt(help="Only these kinds (repeatable or a,b), e.g. "
-                                               "slo_breach,service.")] = None,
-    as_json: Annotated[bool, Opt("--json", help="One JSON object per line: every field of "
-                                                "the event and the scenario clock.")] = False,
-) -> None:
-    """Print operator events as readable lines, with the mechanisms behind each (an
-    event that does not decode is skipped with a warning on stderr)."""
-    from services.cli import events_follow as follow_events
-
-    follow_events(nats_url, job, severity, since, follow, kind, as_json)
 
 
 @scenario_app.command("generate")

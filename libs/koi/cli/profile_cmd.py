@@ -24,10 +24,10 @@ from koi.catalog import load_catalog
 from koi.cluster import JobStatus
 from koi.errors import KoiError
 from koi.jobs import OnlineJob
-from koi.policies.common import TP_LADDER, shape_label
-from koi.policies.practitioner_common import Profile, ProfileBook, candidate_shapes
 from koi.policies.profiled import ENGINES, Measured, scenario_accelerators
+from koi.policies.profiles import Profile, ProfileBook, candidate_shapes
 from koi.scenario import Scenario, load_scenario
+from koi.shapes import TP_LADDER, shape_label
 from koi.sim.profile import (
     LOAD_GRID,
     POINT_REQUESTS,

@@ -54,15 +54,17 @@ class ReplicaCounters:
 
     def add(self, t: DeploymentTelemetry, share: float = 1.0) -> None:
         """Accumulate ``share`` of one tick of a deployment (``1/ready replicas`` when
-        the tick is divided evenly). Gauges take the tick's means: running and waiting
-        scaled by ``share``, KV usage as is."""
+        the tick is divided evenly). Running and waiting show the queue at the tick's
+        end, scaled by ``share``, as an engine's gauges show it when scraped (so a
+        reader's arrivals, finished + aborted + Δ queue, are the tick's own); KV usage
+        shows the tick's mean, as is."""
         self.prompt_tokens += share * t.prompt_tokens
         self.generation_tokens += share * t.generation_tokens
         self.requests_finished += share * t.requests_finished
         self.requests_aborted += share * t.requests_dropped
         self.preemptions += share * t.num_preemptions
-        self.running = share * t.num_running
-        self.waiting = share * t.num_waiting
+        self.running = share * t.num_running_end
+        self.waiting = share * t.num_waiting_end
         self.kv_usage = t.kv_cache_usage
         self.gen_throughput = share * t.output_tok_s
         ttft = _tick_histogram(t.ttft_bucket_bounds_s, t.ttft_bucket_counts, t.ttft_mean_s,

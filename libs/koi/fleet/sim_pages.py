@@ -13,10 +13,11 @@ draining deployment keeps its last list until it is gone, as a terminating pod s
 ``/metrics`` until it exits. The window ending at snapshot ``n`` is split evenly over the
 replicas listed at both ``n - 1`` and ``n``: those a scraper read at ``n - 1`` (its
 baseline) and reads again at ``n``. So a scraper that reads every page at every snapshot
-gets each tick's counters back exactly (up to float rounding) and its KV usage as the
-simulator averaged it; a tick of a deployment with no replica listed at both (its first
-tick) is not on any page, as a real engine's traffic before its first scrape is not
-in any window (``lost`` counts them).
+gets each tick's counters back exactly (up to float rounding), its running and waiting
+requests as they stood at the tick's end, and its KV usage as the simulator averaged
+it; a tick of a deployment with no replica listed at both (its first tick) is not on any
+page, as a real engine's traffic before its first scrape is not in any window (``lost``
+counts them).
 
 Engines and layouts (``ENGINE_LAYOUTS``): vLLM replicas show the current vLLM layout,
 SGLang replicas the current SGLang one. TensorRT-LLM replicas show the vLLM layout:
@@ -50,8 +51,8 @@ class _Deployment:
 
 
 def _plausible(t: DeploymentTelemetry) -> bool:
-    return min(t.num_running, t.num_waiting, t.kv_cache_usage, t.ttft_mean_s,
-               t.tpot_mean_s) >= 0.0
+    return min(t.num_running, t.num_waiting, t.num_running_end, t.num_waiting_end,
+               t.kv_cache_usage, t.ttft_mean_s, t.tpot_mean_s) >= 0.0
 
 
 def _clamped(t: DeploymentTelemetry) -> DeploymentTelemetry:
@@ -62,6 +63,8 @@ def _clamped(t: DeploymentTelemetry) -> DeploymentTelemetry:
     page that does (``parse_page``), so they are shown as 0."""
     return replace(t, num_running=max(t.num_running, 0.0),
                    num_waiting=max(t.num_waiting, 0.0),
+                   num_running_end=max(t.num_running_end, 0.0),
+                   num_waiting_end=max(t.num_waiting_end, 0.0),
                    kv_cache_usage=max(t.kv_cache_usage, 0.0),
                    ttft_mean_s=max(t.ttft_mean_s, 0.0), tpot_mean_s=max(t.tpot_mean_s, 0.0))
 

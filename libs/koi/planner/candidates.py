@@ -23,9 +23,9 @@ from koi.catalog import Catalog
 from koi.cluster import ClusterSnapshot, DeploymentState, JobStatus
 from koi.compose import CandidateTable, JobDemand
 from koi.jobs import BatchJob, OnlineJob
+from koi.lifecycle import batch_tokens_left, job_finished
 from koi.planner.evaluate import Evaluated, JobLoad
 from koi.planner.place import in_place, reshardable
-from koi.policies.common import batch_tokens_left, job_finished
 
 # a replica lost to a spot reclaim costs about this long before its successor serves
 RECLAIM_LOSS_H = 0.15

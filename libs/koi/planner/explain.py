@@ -15,11 +15,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from koi.calibrate import HIGHER_BETTER, DroCalibrator
 from koi.catalog import Catalog
 from koi.causal.scope import scope_of
 from koi.causal.store import BeliefStore
 from koi.compose import ComposePlan
+from koi.dro import HIGHER_BETTER, DroCalibrator
 from koi.planner.evaluate import Evaluated, JobLoad, Robustness, learnt_inputs
 from koi.planner.propose import Proposal
 from koi.predictor.api import evaluate_matrix

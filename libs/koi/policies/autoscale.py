@@ -42,9 +42,9 @@ from koi.cluster import (
 )
 from koi.policies.base import register
 from koi.policies.baselines import BestFixed
-from koi.policies.common import CapacityLedger, housekeeping_stops, needs_placement
-from koi.policies.practitioner_common import online_demand_rps, slo_of
+from koi.policies.bookkeeping import CapacityLedger, housekeeping_stops, needs_placement
 from koi.policies.profiled import MeasuredRates, Profiled, Unprepared
+from koi.policies.profiles import online_demand_rps, slo_of
 from koi.scenario.types import Scenario
 from koi.sim.profile import Profiler
 

@@ -41,21 +41,17 @@ from koi.cluster import (
     PlanDecision,
 )
 from koi.policies.base import Policy, register
-from koi.policies.common import CapacityLedger, replicas_for_rate, shape_label
-from koi.policies.practitioner_common import (
+from koi.policies.bookkeeping import CapacityLedger, housekeeping_stops, replicas_for_rate
+from koi.policies.profiled import ProfiledBook
+from koi.policies.profiles import Profile, ProfileBook, demand, shape_key, slo_of
+from koi.policies.reconcile import (
     Budget,
-    Profile,
-    ProfileBook,
-    Target,
-    active_jobs,
-    demand,
-    housekeeping_stops,
+    DeploymentTarget,
     reconcile,
     serving_deployments,
-    shape_key,
-    slo_of,
+    unfinished_jobs,
 )
-from koi.policies.profiled import ProfiledBook
+from koi.shapes import shape_label
 
 ARMS_PER_JOB = 6
 SWITCH_EVERY = 5          # ticks between a job's arm changes
@@ -204,7 +200,7 @@ class Bandit(Policy):
         actions: list[Action] = []
         for job in snapshot.jobs:
             actions.extend(housekeeping_stops(job, snapshot))
-        jobs = active_jobs(snapshot)
+        jobs = unfinished_jobs(snapshot)
         profiles = self.book.get(jobs, snapshot)
         self._track(snapshot, profiles)
         self.learn(snapshot, telemetry, profiles)
@@ -229,7 +225,8 @@ class Bandit(Policy):
             if shape_key(dep.config) in keys:
                 self._dep_arm[dep.id] = (dep.job_id, keys.index(shape_key(dep.config)))
 
-    def _target(self, job: JobStatus, prof: Profile, snapshot: ClusterSnapshot) -> Target | None:
+    def _target(self, job: JobStatus, prof: Profile,
+                snapshot: ClusterSnapshot) -> DeploymentTarget | None:
         arms = self.arms.get(job.id)
         if arms is None:
             indices = prof.best(ARMS_PER_JOB)
@@ -263,7 +260,7 @@ class Bandit(Policy):
         if not offers:
             return None
         mean, ucb = self.linucb.ucb(shape_key(shape), self.arm_context(job, prof, i))
-        return Target(shape, offers[0].id, replicas,
+        return DeploymentTarget(shape, offers[0].id, replicas,
                       f"bandit: {why} {shape_label(shape)}"
                       f" (reward est {mean:.2f}, UCB {ucb:.2f}); {sizing}")
 

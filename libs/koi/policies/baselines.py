@@ -39,20 +39,18 @@ from koi.cluster import (
     PlanDecision,
 )
 from koi.jobs import OnlineJob
+from koi.lifecycle import job_rate_rps
 from koi.policies.base import Policy, register
-from koi.policies.common import (
+from koi.policies.bookkeeping import (
     CapacityLedger,
     housekeeping_stops,
-    job_rate_rps,
     needs_placement,
     replicas_for_rate,
-    shape_label,
-    smallest_fitting_config,
     submit_order,
-    valid_default_configs,
 )
 from koi.predictor.api import predict_many
 from koi.predictor.types import LoadMode, Workload
+from koi.shapes import shape_label, smallest_fitting_config, valid_default_configs
 from koi.space import DeploymentConfig
 
 RPS_PER_REPLICA = 4.0

@@ -40,19 +40,17 @@ import numpy as np
 from koi.catalog import Catalog, Market
 from koi.cluster import Action, ClusterSnapshot, DeploymentTelemetry, JobStatus, PlanDecision
 from koi.policies.base import Policy, register
-from koi.policies.common import CapacityLedger, shape_label
-from koi.policies.practitioner_common import (
+from koi.policies.bookkeeping import CapacityLedger, housekeeping_stops
+from koi.policies.profiled import ProfiledBook
+from koi.policies.profiles import ProfileBook, demand, shape_key
+from koi.policies.reconcile import (
     Budget,
-    ProfileBook,
-    Target,
-    active_jobs,
-    demand,
-    housekeeping_stops,
+    DeploymentTarget,
     reconcile,
     serving_deployments,
-    shape_key,
+    unfinished_jobs,
 )
-from koi.policies.profiled import ProfiledBook
+from koi.shapes import shape_label
 from koi.space import DeploymentConfig
 
 SHAPES_PER_JOB = 6
@@ -282,7 +280,7 @@ class Evolve(Policy):
         actions: list[Action] = []
         for job in snapshot.jobs:
             actions.extend(housekeeping_stops(job, snapshot))
-        jobs = active_jobs(snapshot)
+        jobs = unfinished_jobs(snapshot)
         if not jobs:
             return PlanDecision(tick=snapshot.tick, actions=tuple(actions),
                                 notes={"policy": self.name})
@@ -290,7 +288,7 @@ class Evolve(Policy):
         ledger = CapacityLedger(snapshot, self.catalog)
         budget = Budget(self.max_swaps)
         for j, job in enumerate(jobs):
-            targets = [] if r[j] <= 0 else [Target(
+            targets = [] if r[j] <= 0 else [DeploymentTarget(
                 opts.shape[g[j]], opts.offering[g[j]], int(r[j]),
                 f"evolve: best plan (fitness {f:.3f}, {len(self.archive)} elites) runs"
                 f" {shape_label(opts.shape[g[j]])} × {int(r[j])} for"

@@ -5,22 +5,23 @@ DRO calibrator) between ticks and the per-tick reports (for the learning curves 
 explanations). ``koi-no-causal`` drops beliefs and mechanisms, ``koi-no-learning``
 freezes them (and the radius) at the prior, ``koi-no-dro`` plans on the nominal
 prediction; ``koi-ttft-nominal`` (a variant) keeps every radius but TTFT p95's. No
-planning logic here.
+planning logic here; the variants' settings are
+``koi.planner.settings.VARIANTS`` (the services run the same ones).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from koi.catalog import Catalog
 from koi.cluster import ClusterSnapshot, DeploymentTelemetry, PlanDecision
-from koi.planner.tick import KoiSettings, KoiState, TickReport, plan_tick
+from koi.planner.settings import VARIANTS, KoiSettings
+from koi.planner.tick import KoiState, TickReport, plan_tick
 from koi.policies.base import Policy, register
 
 
 class _KoiBase(Policy):
-    settings = KoiSettings()
+    settings: KoiSettings = VARIANTS["koi"]
 
     def __init__(self, catalog: Catalog | None = None, seed: int = 0) -> None:
         super().__init__(catalog, seed)
@@ -37,22 +38,22 @@ class _KoiBase(Policy):
 
 @register("koi")
 class Koi(_KoiBase):
-    settings = KoiSettings()
+    settings = VARIANTS["koi"]
 
 
 @register("koi-no-causal")
 class KoiNoCausal(_KoiBase):
-    settings = replace(KoiSettings(), use_beliefs=False)
+    settings = VARIANTS["koi-no-causal"]
 
 
 @register("koi-no-learning")
 class KoiNoLearning(_KoiBase):
-    settings = replace(KoiSettings(), learn=False)
+    settings = VARIANTS["koi-no-learning"]
 
 
 @register("koi-no-dro")
 class KoiNoDro(_KoiBase):
-    settings = replace(KoiSettings(), use_dro=False)
+    settings = VARIANTS["koi-no-dro"]
 
 
 @register("koi-ttft-nominal")
@@ -60,18 +61,4 @@ class KoiTtftNominal(_KoiBase):
     """Koi with TTFT p95 planned on the beliefs' correction alone (no radius); the TPOT
     and throughput radii stay. A variant, not an ablation: BENCHMARKS (m)."""
 
-    settings = replace(KoiSettings(), dro_outcomes=("tpot_p95", "throughput"))
-
-
-PLANNER_VARIANTS: dict[str, type[_KoiBase]] = {
-    "koi": Koi, "koi-no-causal": KoiNoCausal, "koi-no-learning": KoiNoLearning,
-    "koi-no-dro": KoiNoDro, "koi-ttft-nominal": KoiTtftNominal,
-}
-
-
-def settings_for(variant: str) -> KoiSettings:
-    """The planner settings of a Koi variant (what the services run with KOI_POLICY)."""
-    if variant not in PLANNER_VARIANTS:
-        raise ValueError(f"unknown planner variant {variant!r}; known: "
-                         f"{', '.join(PLANNER_VARIANTS)}")
-    return PLANNER_VARIANTS[variant].settings
+    settings = VARIANTS["koi-ttft-nominal"]

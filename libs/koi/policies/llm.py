@@ -31,10 +31,11 @@ import structlog
 
 from koi.catalog import Catalog
 from koi.cluster import ClusterSnapshot, DeploymentTelemetry, PlanDecision
+from koi.lifecycle import job_finished
 from koi.planner.propose import Proposal
-from koi.planner.tick import KoiSettings, KoiState, TickReport, place_targets, plan_tick
+from koi.planner.settings import KoiSettings
+from koi.planner.tick import KoiState, TickReport, place_targets, plan_tick
 from koi.policies.base import Policy, register
-from koi.policies.common import job_finished
 from koi.policies.koi import _KoiBase
 from koi.rlm.adopt import widen, with_priors
 from koi.rlm.client import ChatClient, Spend

@@ -37,21 +37,19 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from koi.catalog import Catalog, Offering
 from koi.cluster import Action, ClusterSnapshot, DeploymentTelemetry, JobStatus, PlanDecision
+from koi.lifecycle import is_lost
 from koi.policies.base import Policy, register
-from koi.policies.common import CapacityLedger, is_lost, shape_label
-from koi.policies.practitioner_common import (
+from koi.policies.bookkeeping import CapacityLedger, housekeeping_stops
+from koi.policies.profiled import ProfiledBook
+from koi.policies.profiles import Profile, ProfileBook, demand, shape_key
+from koi.policies.reconcile import (
     Budget,
-    Profile,
-    ProfileBook,
-    Target,
-    active_jobs,
-    demand,
-    housekeeping_stops,
+    DeploymentTarget,
     reconcile,
     serving_deployments,
-    shape_key,
+    unfinished_jobs,
 )
-from koi.policies.profiled import ProfiledBook
+from koi.shapes import shape_label
 from koi.space import DeploymentConfig
 
 RESOLVE_EVERY = 10             # ticks between re-solves when nothing else changed
@@ -153,7 +151,7 @@ class MelangeIlp(Policy):
     def __init__(self, catalog: Catalog | None = None, seed: int = 0) -> None:
         super().__init__(catalog=catalog, seed=seed)
         self.book = ProfileBook(self.catalog, engines=self.engines)
-        self.plan: dict[str, list[Target]] = {}
+        self.plan: dict[str, list[DeploymentTarget]] = {}
         self._solved_tick = -RESOLVE_EVERY
         self._solved_jobs: frozenset[str] = frozenset()
 
@@ -162,7 +160,7 @@ class MelangeIlp(Policy):
         actions: list[Action] = []
         for job in snapshot.jobs:
             actions.extend(housekeeping_stops(job, snapshot))
-        jobs = active_jobs(snapshot)
+        jobs = unfinished_jobs(snapshot)
         ids = frozenset(j.id for j in jobs)
         lost = any(is_lost(d) for d in snapshot.deployments)
         if (ids != self._solved_jobs or lost
@@ -177,7 +175,8 @@ class MelangeIlp(Policy):
         return PlanDecision(tick=snapshot.tick, actions=tuple(actions),
                             notes={"policy": self.name, "solved_tick": str(self._solved_tick)})
 
-    def solve(self, jobs: list[JobStatus], snapshot: ClusterSnapshot) -> dict[str, list[Target]]:
+    def solve(self, jobs: list[JobStatus],
+              snapshot: ClusterSnapshot) -> dict[str, list[DeploymentTarget]]:
         if not jobs:
             return {}
         profiles = self.book.get(jobs, snapshot)
@@ -190,14 +189,14 @@ class MelangeIlp(Policy):
         demands = [demand(j, snapshot.time_s) for j in jobs]
         x, short = solve_mix(cols, demands, capacity, current,
                              max_replicas=self.max_replicas)
-        plan: dict[str, list[Target]] = {j.id: [] for j in jobs}
+        plan: dict[str, list[DeploymentTarget]] = {j.id: [] for j in jobs}
         for k, c in enumerate(cols):
             if x[k] <= 0:
                 continue
             job = jobs[c.job]
             unit = "req/s" if job.is_online else "tok/s"
             served = 1.0 - short[c.job] / max(demands[c.job], 1e-9)
-            plan[job.id].append(Target(
+            plan[job.id].append(DeploymentTarget(
                 c.shape, c.offering.id, int(x[k]),
                 f"melange-ilp: cost-minimal mix, {shape_label(c.shape)}"
                 f" at {c.rate:.3g} {unit}/replica, "

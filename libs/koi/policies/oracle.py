@@ -43,18 +43,18 @@ from koi.cluster import ClusterSnapshot, DeploymentState
 from koi.jobs import JobSpec, OnlineJob
 from koi.planner.candidates import Measured
 from koi.planner.evaluate import Evaluated
-from koi.planner.tick import KoiSettings
+from koi.planner.settings import KoiSettings
 from koi.policies.base import register
-from koi.policies.common import PRECISIONS, smallest_fitting_config
 from koi.policies.koi import _KoiBase
 from koi.predictor.calibration import Calibration
 from koi.predictor.fit import fit
 from koi.predictor.measurements import Case, load_cases
 from koi.predictor.types import LoadMode, Workload
 from koi.scenario.types import Scenario
-from koi.sim.calibration import Row, load_rows, simulate_row
+from koi.shapes import PRECISIONS, smallest_fitting_config
 from koi.sim.truth import WorldTruth
 from koi.sim.world import WorldParams, load_world
+from koi.sim.world_check import Row, load_rows, simulate_row
 from koi.space import DeploymentConfig
 
 

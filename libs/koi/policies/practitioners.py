@@ -6,7 +6,7 @@ by ILP from offline profiles (``melange-ilp``) and a latency-regression autoscal
 fixed config (``regress-autoscale``). Each plans from a profile measured in the run's
 world first, as its users profile their GPUs (``profiled``); ``<name>-unprofiled`` plans
 from the predictor instead. Each lives in its own module, with both variants; shared
-helpers are in ``practitioner_common``. This module holds no logic.
+helpers are in ``profiles`` and ``reconcile``. This module holds no logic.
 """
 
 from __future__ import annotations

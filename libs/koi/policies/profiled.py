@@ -33,14 +33,9 @@ import structlog
 from koi.catalog import Catalog
 from koi.cluster import JobStatus
 from koi.planner.candidates import MAX_REPLICAS as KOI_MAX_REPLICAS
-from koi.planner.tick import KoiSettings
+from koi.planner.settings import KoiSettings
 from koi.policies.base import Policy
-from koi.policies.practitioner_common import (
-    PerShape,
-    ProfileBook,
-    accelerator_summary,
-    slo_of,
-)
+from koi.policies.profiles import PerShape, ProfileBook, accelerator_summary, slo_of
 from koi.predictor.types import Workload
 from koi.scenario.types import Scenario
 from koi.sim.profile import Profiler, RequestShape

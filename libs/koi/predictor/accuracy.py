@@ -39,13 +39,13 @@ class CaseResult:
 
 
 def predict_cases(cases: Sequence[Case], catalog: Catalog | None = None,
-                  calibration: Calibration | None = None, backend: str = "numpy"
-                  ) -> list[CaseResult]:
+                  calibration: Calibration | None = None, backend: str = "numpy",
+                  kernels: bool | None = None) -> list[CaseResult]:
     from koi.predictor.api import evaluate_matrix
 
     cat = catalog or load_catalog()
-    cal = calibration or load_calibration()
-    X = build_inputs([(c.config, c.workload) for c in cases], cat, cal)
+    cal = calibration or load_calibration(kernels=kernels)
+    X = build_inputs([(c.config, c.workload) for c in cases], cat, cal, kernels=kernels)
     Y = evaluate_matrix(X, backend=backend)
     out = []
     for j, case in enumerate(cases):

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from koi.catalog import Catalog, load_catalog
+from koi.predictor import tables
 from koi.predictor.calibration import Calibration, load_calibration
-from koi.predictor.columns import OUT
+from koi.predictor.columns import IN, OUT
 from koi.predictor.features import build_inputs
 from koi.predictor.types import Prediction, Workload
 from koi.space import DeploymentConfig, check, kv_capacity_tokens, weight_bytes_per_gpu
@@ -54,16 +55,28 @@ def _wrap(Y: np.ndarray, j: int, cfg: DeploymentConfig, cat: Catalog) -> Predict
 
 def predict_many(pairs: Sequence[tuple[DeploymentConfig, Workload]], *,
                  catalog: Catalog | None = None, calibration: Calibration | None = None,
-                 backend: str = "numba", validate: bool = True) -> list[Prediction]:
-    """Predictions for (config, workload) pairs; invalid configs raise when ``validate``."""
+                 backend: str = "numba", validate: bool = True,
+                 kernels: bool | None = None) -> list[Prediction]:
+    """Predictions for (config, workload) pairs; invalid configs raise when ``validate``.
+    ``kernels``: time passes from the measured kernel tables where they cover a config
+    (None: the predictor's default); ``pass_models`` says which each pair gets."""
     cat = catalog or load_catalog()
-    cal = calibration or load_calibration()
+    cal = calibration or load_calibration(kernels=kernels)
     if validate:
         for cfg, _ in pairs:
             check(cfg, cat)
-    X = build_inputs(pairs, cat, cal)
+    X = build_inputs(pairs, cat, cal, kernels=kernels)
     Y = evaluate_matrix(X, backend=backend)
     return [_wrap(Y, j, cfg, cat) for j, (cfg, _) in enumerate(pairs)]
+
+
+def pass_models(configs: Sequence[DeploymentConfig], *, catalog: Catalog | None = None,
+                kernels: bool | None = None) -> list[str]:
+    """How each configuration's passes are timed: "kernel tables <system>/<engine-version>"
+    where the measured tables cover it, else "roofline"."""
+    cat = catalog or load_catalog()
+    X = build_inputs([(cfg, Workload(1, 1)) for cfg in configs], cat, kernels=kernels)
+    return [tables.REGISTRY.label(int(k)) for k in X[IN["ktab"]]]
 
 
 def predict(config: DeploymentConfig, workload: Workload, **kwargs: object) -> Prediction:

@@ -29,6 +29,8 @@ from typing import Any
 import yaml
 
 CALIBRATION_FILE = Path(__file__).parent / "data" / "calibration.yaml"
+# the table fitted with passes timed from the kernel tables where they cover a config
+KERNELS_CALIBRATION_FILE = Path(__file__).parent / "data" / "calibration_kernels.yaml"
 
 # Prior means (and the log-space spread the fit may move them by).
 PRIORS: dict[str, dict[str, float]] = {
@@ -42,6 +44,9 @@ PRIORS: dict[str, dict[str, float]] = {
     "engine_ovh_seq_us": {"vllm": 10.0, "sglang": 8.0, "trtllm": 3.0},
     "engine_ttft_ms": {"vllm": 8.0, "sglang": 6.0, "trtllm": 5.0},
     "link": {"nvlink": 0.7, "pcie": 0.5, "infinity_fabric": 0.6, "roce": 0.5},
+    # measured kernel time (tables.py) → a pass inside the engine, per engine: the tables
+    # leave out norms, rotary embedding, activations, quantisation and launch gaps
+    "kernel_scale": {"_default": 1.25},
     # structural constants shared by every part
     "global": {"attn_mem": 0.7, "moe_eff": 0.6, "serial_frac": 0.3},
 }
@@ -83,6 +88,10 @@ class Calibration:
     def ttft_overhead_s(self, engine: str) -> float:
         return self.get("engine_ttft_ms", engine) * 1e-3
 
+    def kernel_scale(self, engine: str) -> float:
+        """Multiplier from the kernel tables' summed kernel time to the engine's pass."""
+        return self.get("kernel_scale", engine)
+
     def global_(self, key: str) -> float:
         return self.get("global", key)
 
@@ -108,10 +117,23 @@ def calibration_from_dict(data: dict[str, Any]) -> Calibration:
                        meta=dict(data.get("meta", {}) or {}))
 
 
+def calibration_file(kernels: bool | None = None) -> Path:
+    """The fitted table's file for the roofline or the kernel-table predictor (None: the
+    predictor's default, ``tables.DEFAULT``)."""
+    from koi.predictor.tables import DEFAULT
+
+    use = DEFAULT if kernels is None else kernels
+    return KERNELS_CALIBRATION_FILE if use else CALIBRATION_FILE
+
+
+def load_calibration(path: Path | None = None, kernels: bool | None = None) -> Calibration:
+    """The fitted table (or the priors when no file has been fitted yet): ``path``, else
+    the one fitted for the kernel-table or roofline predictor (``calibration_file``)."""
+    return _load(path or calibration_file(kernels))
+
+
 @lru_cache(maxsize=4)
-def load_calibration(path: Path | None = None) -> Calibration:
-    """The fitted table (or the priors when no file has been fitted yet)."""
-    target = path or CALIBRATION_FILE
+def _load(target: Path) -> Calibration:
     if not target.exists():
         return prior_calibration()
     with target.open() as fh:

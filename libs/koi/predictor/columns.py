@@ -36,6 +36,9 @@ _IN = (
     "moe_eff",         # grouped expert GEMM efficiency relative to eff_comp
     "serial_frac",     # share of the shorter of t_mem/t_comp that does not overlap the longer
     "ttft_ovh",        # per-request seconds before the first token (API, tokenizer, sched)
+    # measured kernel tables (tables.py): compiled row index, -1 = roofline; and the
+    # multiplier on the tables' kernel time (calibration × learnt pass multiplier)
+    "ktab", "kscale",
     # engine configuration
     "max_seqs", "max_tokens", "chunked", "kv_full_reserve", "cuda_graphs",
     "spec_gain",       # expected tokens accepted per decode step (1 = no speculation)

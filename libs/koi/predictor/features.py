@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from koi.catalog import Accelerator, Catalog, Engine, Model, load_catalog
+from koi.predictor import tables
 from koi.predictor.calibration import Calibration, load_calibration
 from koi.predictor.columns import (
     IN,
@@ -95,13 +96,15 @@ def calibration_values(cal: Calibration, accel: Accelerator,
         "ovh_base": ovh_base, "ovh_seq": ovh_seq,
         "attn_mem": cal.global_("attn_mem"), "moe_eff": cal.global_("moe_eff"),
         "serial_frac": cal.global_("serial_frac"), "ttft_ovh": cal.ttft_overhead_s(cfg.engine),
+        "kscale": cal.kernel_scale(cfg.engine),
     }
 
 
 def fill_column(X: np.ndarray, j: int, cfg: DeploymentConfig, wl: Workload, model: Model,
                 accel: Accelerator, engine: Engine, cal: Calibration,
-                usd_per_gpu_hour: float) -> None:
-    """Write candidate ``j``'s features into column ``j`` of ``X``."""
+                usd_per_gpu_hour: float, kernels: bool = False) -> None:
+    """Write candidate ``j``'s features into column ``j`` of ``X``; with ``kernels``, the
+    shard's compiled kernel-table row where the tables cover it (else -1: roofline)."""
     g_attn = cfg.tp * cfg.pp  # GPUs one attention rank spans
     g_all = g_attn * cfg.dp_attention
     dense_b, expert_b = split_params(model)
@@ -148,6 +151,7 @@ def fill_column(X: np.ndarray, j: int, cfg: DeploymentConfig, wl: Workload, mode
         "replicas": cfg.replicas,
         "mem_total": accel.memory_gb * GIB,
         "mem_fixed": weight_bytes_per_gpu(model, cfg) + runtime_reserve_bytes(model, cfg),
+        "ktab": tables.REGISTRY.index(model, cfg, accel) if kernels else -1.0,
     }
     for name, value in values.items():
         X[IN[name], j] = value
@@ -173,26 +177,31 @@ _OWNERS: dict[int, object] = {}
 
 def build_inputs(pairs: Sequence[tuple[DeploymentConfig, Workload]],
                  catalog: Catalog | None = None,
-                 calibration: Calibration | None = None) -> np.ndarray:
+                 calibration: Calibration | None = None,
+                 kernels: bool | None = None) -> np.ndarray:
     """The (N_IN, n) input matrix for these candidates.
+
+    ``kernels``: time passes from the measured kernel tables where they cover the shard
+    (``tables.py``); None takes ``tables.DEFAULT``.
 
     Everything but the workload rows depends only on (config, catalog, calibration), so
     those columns are cached: the planner re-evaluates the same configurations under new
     loads every tick.
     """
     cat = catalog or load_catalog()
-    cal = calibration or load_calibration()
+    use_tables = tables.DEFAULT if kernels is None else kernels
+    cal = calibration or load_calibration(kernels=use_tables)
     X = np.zeros((N_IN, len(pairs)))
     if len(_STATIC) > _STATIC_MAX:
         _STATIC.clear()
         _OWNERS.clear()
     _OWNERS[id(cat)], _OWNERS[id(cal)] = cat, cal
     for j, (cfg, wl) in enumerate(pairs):
-        key = (id(cat), id(cal), cfg)
+        key = (id(cat), id(cal), use_tables, cfg)
         column = _STATIC.get(key)
         if column is None:
             fill_column(X, j, cfg, wl, cat.model(cfg.model), cat.accelerator(cfg.accelerator),
-                        cat.engine(cfg.engine), cal, price_per_gpu_hour(cat, cfg))
+                        cat.engine(cfg.engine), cal, price_per_gpu_hour(cat, cfg), use_tables)
             _STATIC[key] = X[:, j].copy()
         else:
             X[:, j] = column

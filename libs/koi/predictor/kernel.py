@@ -25,6 +25,21 @@ from koi.predictor.columns import (
     OUT,
 )
 from koi.predictor.reference import EPS, FIXED_POINT_ITERS, RATE_BISECTIONS, Z95
+from koi.predictor.tables import (
+    NB,
+    NC,
+    NM,
+    NQ,
+    NS,
+    OFF_A,
+    OFF_C,
+    OFF_FLAG,
+    OFF_G,
+    OFF_H,
+    OFF_L,
+    REGISTRY,
+    S0,
+)
 
 # numba needs plain integer globals, not dict lookups
 W_DENSE, W_EXPERT, MOE_KE = IN["w_dense"], IN["w_expert"], IN["moe_ke"]
@@ -45,6 +60,7 @@ IN_LEN, OUT_LEN, PREFIX_HIT, MODE, LOAD, WINDOW = IN["in_len"], IN["out_len"], \
 SLO_TTFT, SLO_TPOT, USD_HOUR, REPLICAS = IN["slo_ttft"], IN["slo_tpot"], IN["usd_hour"], \
     IN["replicas"]
 MEM_TOTAL, MEM_FIXED = IN["mem_total"], IN["mem_fixed"]
+KTAB, KSCALE = IN["ktab"], IN["kscale"]
 
 Y_TTFT, Y_TTFT50, Y_TTFT95 = OUT["ttft"], OUT["ttft_p50"], OUT["ttft_p95"]
 Y_TPOT, Y_TPOT50, Y_TPOT95 = OUT["tpot"], OUT["tpot_p50"], OUT["tpot_p95"]
@@ -63,10 +79,9 @@ def _clip(x: float, lo: float, hi: float) -> float:
 
 
 @numba.njit(cache=True, fastmath=True)
-def _coeffs(X: np.ndarray, j: int) -> tuple[float, float, float, float, float, float, float,
-                                             float, float, float, float, float, float, float,
-                                             float]:
-    """Per-candidate constants of a pass, resolved once so each pass is a few flops."""
+def _coeffs(X: np.ndarray, K: np.ndarray, j: int) -> tuple:
+    """Per-candidate constants of a pass, resolved once so each pass is a few flops: the
+    roofline's 15, then the kernel-table row's 8 (row, scale, grid positions, LM head)."""
     dp, pp = X[DP, j], X[PP, j]
     ke = X[MOE_KE, j]
     log_miss = math.log(max(1.0 - ke, 1e-300)) if ke > 0 else 0.0
@@ -80,18 +95,56 @@ def _coeffs(X: np.ndarray, j: int) -> tuple[float, float, float, float, float, f
         comm_fix += X[N_MOE, j] * 2.0 * X[LINK_LAT, j]
         comm_tok += X[N_MOE, j] * 2.0 * (ep - 1.0) / ep * X[A2A_BYTES, j] / link / dp
     graphs = 1.0 if X[CUDA_GRAPHS, j] > 0 else 1.0 + X[LAYERS, j] / 8.0
+    # kernel tables: row, scale, the fixed decode context and prompt on their grids, and
+    # the LM head at one row (for finishing prompts)
+    k = int(X[KTAB, j])
+    prompt = X[IN_LEN, j]
+    ic, wc = _pos(X[IN_LEN, j] + 0.5 * max(X[OUT_LEN, j], 1.0), NC, 1.0)
+    is_, ws = _pos(prompt, NS, S0)
     return (X[W_DENSE, j], X[W_EXPERT, j], log_miss, 1.0 if ke > 0 else 0.0, pp,
             1.0 / (X[HBM, j] * X[EFF_MEM, j]), 1.0 / (X[PEAK, j] * X[EFF_COMP, j]),
             comm_fix, comm_tok, X[OVH_BASE, j] * graphs, X[OVH_SEQ, j],
             X[FLOPS_TOK, j] + X[FLOPS_TOK_EXP, j] / X[MOE_EFF, j], X[ATTN_CTX, j] / dp,
-            X[KV_TOK, j] / dp / X[ATTN_MEM, j], X[SERIAL, j])
+            X[KV_TOK, j] / dp / X[ATTN_MEM, j], X[SERIAL, j],
+            k, X[KSCALE, j], ic, wc, is_, ws, 1.0 / max(prompt, 1.0),
+            K[k, OFF_H] if k >= 0 else 0.0, K[k, OFF_FLAG] if k >= 0 else 0.0)
 
 
-@numba.njit(cache=True, fastmath=True)
-def _pass(cf: tuple, b: float, p: float, ctx_dec: float,
+@numba.njit(cache=True, fastmath=True, inline="always")
+def _pos(x: float, n: int, x0: float) -> tuple[int, float]:
+    """(lower index, weight of the upper point) of x on the grid x0 · 2^i, i < n:
+    clamped at the bottom, extrapolated linearly at the top (tables._pow2_pos)."""
+    u = max(x / x0, 1.0)
+    mant, e = math.frexp(u)  # u = mant · 2^e, mant in [0.5, 1)
+    if e - 1 > n - 2:
+        return n - 2, u * 2.0 ** (2 - n) - 1.0
+    return e - 1, 2.0 * mant - 1.0
+
+
+@numba.njit(cache=True, fastmath=True, inline="always")
+def _at(K: np.ndarray, k: int, off: int, i: int, w: float, x: float) -> float:
+    """A 1-D curve at x, its grid position (i, w) known (x < 1 scales to 0)."""
+    y0 = K[k, off + i]
+    return (y0 + w * (K[k, off + i + 1] - y0)) * min(x, 1.0)
+
+
+@numba.njit(cache=True, fastmath=True, inline="always")
+def _at2(K: np.ndarray, k: int, off: int, n_col: int, i: int, w: float, r: float, ic: int,
+         wc: float) -> float:
+    """A 2-D curve at row value r, its row position (i, w) and column (ic, wc) known."""
+    a = off + i * n_col + ic
+    y0 = K[k, a] + wc * (K[k, a + 1] - K[k, a])
+    a += n_col
+    y1 = K[k, a] + wc * (K[k, a + 1] - K[k, a])
+    return (y0 + w * (y1 - y0)) * min(r, 1.0)
+
+
+@numba.njit(cache=True, fastmath=True, inline="always")
+def _roof(cf: tuple, b: float, p: float, ctx_dec: float,
           ctx_pre: float) -> tuple[float, float, float, float]:
+    """The roofline pass: (total, memory-busy, compute-busy, collectives)."""
     (w_dense, w_expert, log_miss, moe, pp, inv_bw, inv_fl, comm_fix, comm_tok, ovh_fix,
-     ovh_seq, fl_tok, attn, kv_mem, serial) = cf
+     ovh_seq, fl_tok, attn, kv_mem, serial) = cf[:15]
     tokens = b + p
     touched = 1.0 - math.exp(tokens * log_miss) if moe > 0 else 1.0
     micro = _clip(max(b, 1.0), 1.0, pp)
@@ -100,6 +153,51 @@ def _pass(cf: tuple, b: float, p: float, ctx_dec: float,
     t_comm = comm_fix + comm_tok * tokens
     roof = max(t_mem, t_comp) + serial * min(t_mem, t_comp)
     total = (roof + t_comm) * (pp / micro) + ovh_fix + ovh_seq * b
+    return total, t_mem, t_comp, t_comm
+
+
+@numba.njit(cache=True, fastmath=True, inline="always")
+def _kern(cf: tuple, K: np.ndarray, b: float, p: float) -> tuple[float, float]:
+    """The pass from measured kernels (tables.pass_from_tables): (total, all-reduce)."""
+    comm_fix, comm_tok, ovh_fix, ovh_seq = cf[7], cf[8], cf[9], cf[10]
+    k, kscale, ic, wc, is_, ws, inv_s, head1, roof_comm = cf[15:]
+    tokens = b + p
+    q = p * inv_s
+    i, w = _pos(tokens, NM, 1.0)
+    ar = _at(K, k, OFF_A, i, w, tokens)
+    if roof_comm > 0:  # PCIe parts: the roofline's collectives (tables.shard_row)
+        ar += (comm_fix + comm_tok * tokens) / kscale
+    kern = _at(K, k, OFF_L, i, w, tokens) + ar + q * head1
+    if b > 0:
+        if p > 0:
+            i, w = _pos(b, NM, 1.0)
+        kern += _at(K, k, OFF_H, i, w, b)
+        if i > NB - 2:  # the batch grid is the M grid's first NB points
+            i, w = NB - 2, b * 2.0 ** (2 - NB) - 1.0
+        kern += _at2(K, k, OFF_G, NC, i, w, b, ic, wc)
+    if q > 0:
+        i, w = _pos(q, NQ, 1.0)
+        kern += _at2(K, k, OFF_C, NS, i, w, q, is_, ws)
+    return kern * kscale + ovh_fix + ovh_seq * b, ar * kscale
+
+
+@numba.njit(cache=True, fastmath=True, inline="always")
+def _pass(cf: tuple, K: np.ndarray, b: float, p: float, ctx_dec: float,
+          ctx_pre: float) -> float:
+    """Seconds of one pass: measured kernels where the config has a table row."""
+    if cf[15] >= 0:
+        return _kern(cf, K, b, p)[0]
+    return _roof(cf, b, p, ctx_dec, ctx_pre)[0]
+
+
+@numba.njit(cache=True, fastmath=True)
+def _pass_parts(cf: tuple, K: np.ndarray, b: float, p: float, ctx_dec: float,
+                ctx_pre: float) -> tuple[float, float, float, float]:
+    """(total, memory-busy, compute-busy, collectives); with a table row the total and
+    the collectives are measured and the roofline's shares stay for the mediators."""
+    total, t_mem, t_comp, t_comm = _roof(cf, b, p, ctx_dec, ctx_pre)
+    if cf[15] >= 0:
+        total, t_comm = _kern(cf, K, b, p)
     return total, t_mem, t_comp, t_comm
 
 
@@ -119,8 +217,8 @@ def _sakasegawa(rho: float, servers: float, service: float) -> float:
 
 
 @numba.njit(cache=True, fastmath=True)
-def _loaded(X: np.ndarray, j: int, cf: tuple, rate: float, conc: float, is_rate: bool, b_lim: float,
-            n_c1: float, s_p1: float, ctx_dec: float,
+def _loaded(X: np.ndarray, K: np.ndarray, j: int, cf: tuple, rate: float, conc: float,
+            is_rate: bool, b_lim: float, n_c1: float, s_p1: float, ctx_dec: float,
             ctx_pre: float) -> tuple[float, float, float, float]:
     O = max(X[OUT_LEN, j], 1.0)
     prompt = max(X[IN_LEN, j] * (1.0 - X[PREFIX_HIT, j]), 1.0)
@@ -141,8 +239,8 @@ def _loaded(X: np.ndarray, j: int, cf: tuple, rate: float, conc: float, is_rate:
         else:
             demand = max(b - 1.0, 0.0) * prompt / max(O - 1.0 + n_c, 1.0)
         p_m = min(free, max(ch, demand))
-        t_d = _pass(cf, b_dec, 0.0, ctx_dec, ctx_pre)[0] * spec
-        t_m = _pass(cf, b_dec, p_m, ctx_dec, ctx_pre)[0]
+        t_d = _pass(cf, K, b_dec, 0.0, ctx_dec, ctx_pre) * spec
+        t_m = _pass(cf, K, b_dec, p_m, ctx_dec, ctx_pre)
         if is_rate:
             k_rate = rate * prompt / p_m
             f = k_rate * t_d / max(1.0 - k_rate * (t_m - t_d), EPS)
@@ -152,8 +250,14 @@ def _loaded(X: np.ndarray, j: int, cf: tuple, rate: float, conc: float, is_rate:
         tpot = (1.0 - f) * t_d + f * t_m
         s_p = n_c * t_m
         lifetime = s_p + (O - 1.0) * tpot
-        rho_p = _clip(rate * prompt * tpot / free, 0.0, 0.999)
-        w_pre = rho_p / (2.0 * (1.0 - rho_p)) * s_p
+        if is_rate:
+            rho_p = _clip(rate * prompt * tpot / free, 0.0, 0.999)
+            w_pre = rho_p / (2.0 * (1.0 - rho_p)) * s_p
+        else:  # the other clients' prompts, a finite source (reference._loaded)
+            hold = prompt * t_m / free
+            ahead = max(b - 1.0, 0.0)
+            rho_p = _clip(ahead / (ttft + (O - 1.0) * tpot) * hold, 0.0, 0.999)
+            w_pre = min(rho_p / (2.0 * (1.0 - rho_p)) * s_p, ahead * hold)
         w_slot = 0.0
         if is_rate:
             w_slot = _sakasegawa(_clip(rate * lifetime / b_lim, 0.0, 0.999), b_lim, lifetime)
@@ -176,8 +280,8 @@ def _percentiles(ttft: float, service: float, rho: float, tpot: float, t_dec: fl
 
 
 @numba.njit(cache=True, fastmath=True)
-def _max_rate(X: np.ndarray, j: int, cf: tuple, mu: float, b_lim: float, n_c1: float, s_p1: float,
-              ctx_dec: float, ctx_pre: float) -> float:
+def _max_rate(X: np.ndarray, K: np.ndarray, j: int, cf: tuple, mu: float, b_lim: float,
+              n_c1: float, s_p1: float, ctx_dec: float, ctx_pre: float) -> float:
     slo_ttft, slo_tpot = X[SLO_TTFT, j], X[SLO_TPOT, j]
     if slo_ttft <= 0 and slo_tpot <= 0:
         return mu * 0.999
@@ -187,8 +291,8 @@ def _max_rate(X: np.ndarray, j: int, cf: tuple, mu: float, b_lim: float, n_c1: f
     lo, hi = 0.0, mu * 0.999
     for _ in range(RATE_BISECTIONS):
         mid = 0.5 * (lo + hi)
-        ttft, tpot, f, b = _loaded(X, j, cf, mid, 0.0, True, b_lim, n_c1, s_p1, ctx_dec, ctx_pre)
-        t_d = _pass(cf, b, 0.0, ctx_dec, ctx_pre)[0] * spec
+        ttft, tpot, f, b = _loaded(X, K, j, cf, mid, 0.0, True, b_lim, n_c1, s_p1, ctx_dec, ctx_pre)
+        t_d = _pass(cf, K, b, 0.0, ctx_dec, ctx_pre) * spec
         _, ttft95, tpot95 = _percentiles(ttft + ovh, s_p1 + ovh, mid / max(mu, EPS), tpot, t_d,
                                          f, O)
         ok = (slo_ttft <= 0 or ttft95 <= slo_ttft) and (slo_tpot <= 0 or tpot95 <= slo_tpot)
@@ -200,8 +304,8 @@ def _max_rate(X: np.ndarray, j: int, cf: tuple, mu: float, b_lim: float, n_c1: f
 
 
 @numba.njit(cache=True, fastmath=True)
-def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:
-    cf = _coeffs(X, j)
+def _predict_one(X: np.ndarray, K: np.ndarray, j: int, Y: np.ndarray) -> None:
+    cf = _coeffs(X, K, j)
     I, O = X[IN_LEN, j], max(X[OUT_LEN, j], 1.0)
     I_eff = I * (1.0 - X[PREFIX_HIT, j])
     mode, load, reps = int(X[MODE, j]), X[LOAD, j], X[REPLICAS, j]
@@ -218,11 +322,11 @@ def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:
     # saturated operating point
     p_sat = b_sat * I_eff / O
     if chunked:
-        t_sat = _pass(cf, b_sat, p_sat, ctx_dec, ctx_pre)[0]
+        t_sat = _pass(cf, K, b_sat, p_sat, ctx_dec, ctx_pre)
     else:
         ch_un = min(prompt * max(math.floor(T / prompt), 1.0), max(p_sat, 1.0))
-        t_pre_un = _pass(cf, 0.0, ch_un, ctx_dec, ctx_pre)[0]
-        t_sat = _pass(cf, b_sat, 0.0, ctx_dec, ctx_pre)[0] + p_sat / ch_un * t_pre_un
+        t_pre_un = _pass(cf, K, 0.0, ch_un, ctx_dec, ctx_pre)
+        t_sat = _pass(cf, K, b_sat, 0.0, ctx_dec, ctx_pre) + p_sat / ch_un * t_pre_un
     t_sat = t_sat * spec_f
     x_sat = b_sat / t_sat
     mu = x_sat / O
@@ -230,7 +334,7 @@ def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:
     # unloaded prefill of one request
     ch1 = _chunk(X, j, 1.0)
     n_c1 = prompt / ch1
-    s_p1 = n_c1 * _pass(cf, 1.0, ch1, ctx_dec, ctx_pre)[0]
+    s_p1 = n_c1 * _pass(cf, K, 1.0, ch1, ctx_dec, ctx_pre)
 
     per_rep = load / reps
     is_rate, is_conc = mode == MODE_RATE, mode == MODE_CONCURRENCY
@@ -239,7 +343,7 @@ def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:
     b_lim = b_sat if chunked else b_cap
     ttft, tpot, f, b = s_p1, 0.0, 0.0, 1.0
     if is_rate or is_conc:  # the other modes never read the loaded operating point
-        ttft, tpot, f, b = _loaded(X, j, cf, rate, conc, is_rate, b_lim, n_c1, s_p1, ctx_dec,
+        ttft, tpot, f, b = _loaded(X, K, j, cf, rate, conc, is_rate, b_lim, n_c1, s_p1, ctx_dec,
                                    ctx_pre)
     lifetime = ttft + (O - 1.0) * tpot
     overloaded = is_rate and rate >= mu * 0.999
@@ -253,8 +357,8 @@ def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:
         waves = n_batch / b_st
         pre_tokens = b_st * prompt
         ch_st = min(pre_tokens, max(T, prompt))
-        prefill_st = pre_tokens / ch_st * _pass(cf, 0.0, ch_st, ctx_dec, ctx_pre)[0]
-        t_dec_st = _pass(cf, b_st, 0.0, ctx_dec, ctx_pre)[0] * spec_f
+        prefill_st = pre_tokens / ch_st * _pass(cf, K, 0.0, ch_st, ctx_dec, ctx_pre)
+        t_dec_st = _pass(cf, K, b_st, 0.0, ctx_dec, ctx_pre) * spec_f
         total_st = waves * (prefill_st + (O - 1.0) * t_dec_st)
 
     # select by mode
@@ -290,13 +394,13 @@ def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:
         batch = b
 
     rho_q = min(rate / max(mu, EPS), 1.0) if is_rate else 0.5
-    t_d_out = _pass(cf, max(batch, 1.0), 0.0, ctx_dec, ctx_pre)[0] * spec_f
+    t_d_out = _pass(cf, K, max(batch, 1.0), 0.0, ctx_dec, ctx_pre) * spec_f
     s_p1_ovh = s_p1 + X[TTFT_OVH, j]
     p50, p95, tpot95 = _percentiles(ttft_out, s_p1_ovh, rho_q, tpot_out, t_d_out, f_out, O)
 
     # mediators
     bb = max(batch, 1.0)
-    t_pass, t_mem, t_comp, t_comm = _pass(cf, bb, bb * I_eff / O * f_out, ctx_dec, ctx_pre)
+    t_pass, t_mem, t_comp, t_comm = _pass_parts(cf, K, bb, bb * I_eff / O * f_out, ctx_dec, ctx_pre)
     if is_conc:
         demand = conc
     elif is_rate:
@@ -332,18 +436,18 @@ def _predict_one(X: np.ndarray, j: int, Y: np.ndarray) -> None:
     Y[Y_BE, j] = min(out_tput / max(x_sat, EPS), 1.0)
     Y[Y_HEAD, j] = 1.0 - (X[MEM_FIXED, j] + kv_used * X[KV_TOK, j] / X[DP, j]) / X[MEM_TOTAL, j]
     Y[Y_BATCH, j] = batch
-    Y[Y_MAXRATE, j] = _max_rate(X, j, cf, mu, b_lim, n_c1, s_p1, ctx_dec, ctx_pre) * reps
+    Y[Y_MAXRATE, j] = _max_rate(X, K, j, cf, mu, b_lim, n_c1, s_p1, ctx_dec, ctx_pre) * reps
 
 
 @numba.njit(cache=True, fastmath=True)
-def _predict_all(X: np.ndarray, Y: np.ndarray) -> None:
+def _predict_all(X: np.ndarray, K: np.ndarray, Y: np.ndarray) -> None:
     for j in range(X.shape[1]):
-        _predict_one(X, j, Y)
+        _predict_one(X, K, j, Y)
 
 
 def predict_kernel(X: np.ndarray) -> np.ndarray:
     """Evaluate every candidate column of ``X`` (shape (N_IN, n)); returns (N_OUT, n)."""
     X = np.ascontiguousarray(X, dtype=np.float64)
     Y = np.zeros((N_OUT, X.shape[1]))
-    _predict_all(X, Y)
+    _predict_all(X, REGISTRY.curves(), Y)
     return Y

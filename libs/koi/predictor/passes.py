@@ -47,6 +47,7 @@ def scale_passes(X: np.ndarray, pass_mult: np.ndarray | float) -> np.ndarray:
     out[IN["link_lat"]] *= pm
     out[IN["ovh_base"]] *= pm
     out[IN["ovh_seq"]] *= pm
+    out[IN["kscale"]] *= pm  # passes timed from kernel tables
     return out
 
 

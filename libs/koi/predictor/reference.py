@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from koi.predictor import tables
 from koi.predictor.columns import (
     IN,
     MODE_BURST,
@@ -79,6 +80,16 @@ def pass_time(X: np.ndarray, b: np.ndarray, p: np.ndarray, ctx_dec: np.ndarray,
     roof = np.maximum(t_mem, t_comp) + c("serial_frac") * np.minimum(t_mem, t_comp)
     stage = roof + t_comm
     total = stage * (pp / micro) + ovh
+    k = c("ktab").astype(np.int64)
+    has = k >= 0
+    if has.any():
+        # measured kernels (pp = 1, dp = 1 only): their sum, scaled, replaces the roofline
+        # and its collectives; the roofline's t_mem/t_comp stay as the mediators' shares
+        # (the roofline's collectives stand in for the tables' on PCIe parts: tables.py)
+        kern, ar = tables.pass_from_tables(tables.REGISTRY.curves(), np.maximum(k, 0), b, p,
+                                           ctx_dec, 2.0 * ctx_pre, t_comm / c("kscale"))
+        total = np.where(has, kern * c("kscale") + ovh, total)
+        t_comm = np.where(has, ar * c("kscale"), t_comm)
     return total, t_mem, t_comp, t_comm
 
 
@@ -261,11 +272,17 @@ def _loaded(X: np.ndarray, rate: np.ndarray, conc: np.ndarray, is_rate: np.ndarr
         tpot = (1.0 - f) * t_d + f * t_m
         s_p = n_c * t_m
         lifetime = s_p + (O - 1.0) * tpot
-        # Poisson prompts wait while the prefill budget is taken (M/D/1 on that budget);
-        # closed-loop prompts arrive paced by completions and the budget fits them
-        # (b ≤ b_sat), so they do not queue for it
-        rho_p = np.clip(rate * prompt * tpot / free, 0.0, 0.999)
+        # prompts wait while the prefill budget is taken (M/D/1 on that budget). Poisson
+        # arrivals at the rate; closed-loop ones at the other clients' pace: b − 1 of
+        # them per response time (the previous estimate's TTFT; a lone client never
+        # waits), each holding the budget for prompt/free passes of a mixed pass, and a
+        # finite source: never more than all of them ahead
+        hold = prompt * t_m / free
+        ahead = np.maximum(b - 1.0, 0.0)
+        others = ahead / (ttft + (O - 1.0) * tpot) * hold
+        rho_p = np.clip(np.where(is_rate, rate * prompt * tpot / free, others), 0.0, 0.999)
         w_pre = rho_p / (2.0 * (1.0 - rho_p)) * s_p
+        w_pre = np.where(is_rate, w_pre, np.minimum(w_pre, ahead * hold))
         # requests waiting for a sequence slot hold no slot: utilisation of the slots is
         # the arrival rate × time in service over the slot count
         rho_slot = np.clip(rate * lifetime / b_lim, 0.0, 0.999)

@@ -19,11 +19,11 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from koi.calibrate import SLO_OUTCOMES, DroCalibrator
 from koi.catalog import Catalog
 from koi.causal.scope import scope_of
 from koi.causal.store import BeliefStore
 from koi.cluster import ClusterSnapshot, DeploymentState, JobStatus
+from koi.dro import SLO_OUTCOMES, DroCalibrator
 from koi.jobs import BatchJob, OnlineJob
 from koi.rlm.jsontext import quote_data
 from koi.rlm.prompts import DATA_CLOSE, DATA_OPEN

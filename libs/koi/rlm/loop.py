@@ -32,7 +32,8 @@ from koi.causal.observe import OutcomeObservation
 from koi.cluster import ClusterSnapshot, DeploymentTelemetry
 from koi.planner.explain import Explanation
 from koi.planner.propose import Proposal
-from koi.planner.tick import KoiSettings, KoiState, active_jobs
+from koi.planner.settings import KoiSettings
+from koi.planner.tick import KoiState, active_jobs
 from koi.rlm.adopt import HypothesisPrior, candidate_proposals, priors
 from koi.rlm.client import ChatPort, Spend
 from koi.rlm.hierarchy import RoundInputs, RoundResult, run_round

@@ -19,7 +19,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from koi.calibrate import DroCalibrator
 from koi.catalog import Catalog
 from koi.causal.store import BeliefStore
 from koi.cluster import (
@@ -29,6 +28,7 @@ from koi.cluster import (
     JobStatus,
     OfferingCapacity,
 )
+from koi.dro import DroCalibrator
 from koi.jobs import job_to_dict, parse_job
 from koi.planner.explain import Explanation
 from koi.planner.tick import KoiState
@@ -136,7 +136,7 @@ def read_round(text: str, catalog: Catalog) -> RecordedRound:
         raise ValueError(f"no '{FORMAT}' inputs record: a transcript written by"
                          " koi-rlm or the proposer starts with one")
     d = heads[0]
-    from koi.policies.koi import settings_for  # the planner variants live with the policies
+    from koi.planner.settings import settings_for
 
     try:
         settings = RlmSettings(**d["settings"])

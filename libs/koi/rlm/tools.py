@@ -29,7 +29,8 @@ from koi.causal.store import apply_correction
 from koi.cluster import ClusterSnapshot
 from koi.planner.explain import Explanation
 from koi.planner.propose import Proposal
-from koi.planner.tick import KoiSettings, KoiState, TickReport, active_jobs, evaluate_stage
+from koi.planner.settings import KoiSettings
+from koi.planner.tick import KoiState, TickReport, active_jobs, evaluate_stage
 from koi.predictor.api import predict_many
 from koi.predictor.types import LoadMode, Workload
 from koi.rlm.context import config_label, rounded

@@ -3,7 +3,7 @@
 ``Simulator`` (tick-by-tick cluster), ``run`` (drive a policy through a scenario),
 ``WorldParams``/``load_world``/``validate_world_overrides``/``randomize`` (the hidden
 world), ``auto_sample_fraction`` and ``thinning_error`` (thinned simulation),
-``calibration_check`` (the world against the public measurements); the replicas' engine
+``check_world`` (the world against the public measurements); the replicas' engine
 ``/metrics`` pages are ``koi.fleet.sim_pages``. The simulator never imports
 ``koi.predictor``: the planner must learn this world from telemetry.
 """
@@ -24,9 +24,9 @@ from koi.sim.world import (
 )
 
 
-def calibration_check(*args: Any, **kwargs: Any) -> list[tuple[str, float, float]]:
-    """(label, measured, simulated) per in-scope measurement; see koi.sim.calibration."""
-    from koi.sim.calibration import calibration_check as check
+def check_world(*args: Any, **kwargs: Any) -> list[tuple[str, float, float]]:
+    """(label, measured, simulated) per in-scope measurement; see koi.sim.world_check."""
+    from koi.sim.world_check import check_world as check
 
     return check(*args, **kwargs)
 
@@ -37,7 +37,7 @@ __all__ = [
     "Simulator",
     "WorldParams",
     "auto_sample_fraction",
-    "calibration_check",
+    "check_world",
     "default_world",
     "load_world",
     "randomize",

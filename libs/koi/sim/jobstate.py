@@ -130,7 +130,11 @@ class JobState:
         while rep.w_wait < target:
             if self.queue:
                 r = self.queue.popleft()
-                r.arrival = rep.now
+                # a request not yet started arrives at this engine now; one whose first
+                # token came on an evicted replica keeps its arrival (else its TTFT, first
+                # token - arrival, comes out negative: hetero-3h over HTTP, ticks 36-37)
+                if r.first < 0:
+                    r.arrival = rep.now
             else:
                 left = spec.num_requests - self.issued
                 if left <= 1e-9:

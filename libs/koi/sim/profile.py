@@ -47,11 +47,11 @@ import numpy as np
 
 from koi.catalog import Catalog
 from koi.jobs import JobSpec
-from koi.sim.calibration import span_s
 from koi.sim.fleet import replica_spec
 from koi.sim.jobstate import batch_group
 from koi.sim.replica import Completion, Replica, ReplicaSpec, Req
 from koi.sim.world import WorldParams
+from koi.sim.world_check import span_s
 from koi.space import DeploymentConfig
 
 LOAD_GRID: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)

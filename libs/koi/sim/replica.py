@@ -289,7 +289,7 @@ class Replica:
                 return
             budget -= toks
             self.waiting.popleft()
-            self.w_wait -= r.w
+            self._dequeued(r)
             r.pre_left = r.pre_tot = toks
             if r.first < 0:   # a recompute keeps its members' first tokens
                 r.done_t = []
@@ -544,8 +544,13 @@ class Replica:
                                               self.now))
 
     def _drop(self, r: Req, reason: str) -> None:
-        self.w_wait -= r.w
+        self._dequeued(r)
         self.stats.dropped.append((r, reason))
+
+    def _dequeued(self, r: Req) -> None:
+        """``r`` has left the waiting queue: its weight leaves ``w_wait``, which is exactly
+        0 once the queue is empty (not the sum's rounding error, ~-1e-14)."""
+        self.w_wait = self.w_wait - r.w if self.waiting else 0.0
 
 
 def _live(q: int, r: Req) -> bool:

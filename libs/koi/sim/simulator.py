@@ -284,10 +284,13 @@ class Simulator:
         means = {"kv": sum(st.busy_kv for st in stats) / max(span * len(stats), 1e-9),
                  "running": sum(st.busy_run for st in stats) / span,
                  "waiting": sum(st.busy_wait for st in stats) / span}
+        engines = [slot.engine for slot in dep.slots]   # those still up at the end
+        end = {"running": sum(e.w_pre + e.w_dec for e in engines),
+               "waiting": sum(e.w_wait for e in engines)}
         return build_telemetry(self.tick, dep.id, js.spec.id, span, counts=counts,
                                ttft=np.array([c.ttft for c in done]),
                                tpot=np.array([c.tpot for c in done]), weights=w,
-                               means=means)
+                               means=means, end=end)
 
     def _settle_evicted(self, now: float) -> None:
         """Displaced requests: batch work returns to its backlog; online requests go back

@@ -1,11 +1,11 @@
 """Per-deployment telemetry in vLLM's terms.
 
 ``build_telemetry`` folds what a deployment's replicas did over one tick into a
-``DeploymentTelemetry`` (weighted request counts, TTFT/TPOT histograms with vLLM's bucket
-bounds, means and p95s, KV usage, running/waiting means). The simulated replicas' engine
-``/metrics`` pages (cumulative, per replica, in each engine's own layout) are
-``koi.fleet.sim_pages`` / ``koi.fleet.exposition``. Stats objects only: no routing, no
-fleet logic.
+``DeploymentTelemetry`` (weighted request counts, TTFT/TPOT histograms on every bucket
+bound of the engines' layouts, means and p95s, KV usage, running/waiting means and at
+the window's end). The simulated replicas' engine ``/metrics`` pages (cumulative, per
+replica, in each engine's own layout) are ``koi.fleet.sim_pages`` /
+``koi.fleet.exposition``. Stats objects only: no routing, no fleet logic.
 """
 
 from __future__ import annotations
@@ -14,10 +14,16 @@ import numpy as np
 
 from koi.cluster import DeploymentTelemetry
 
-TTFT_BOUNDS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-TPOT_BOUNDS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
-                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+# Bucket bounds: every bound of the engine layouts Koi reads (vLLM 0.6-0.34 and SGLang
+# 0.4-0.5, ``koi.fleet.engine_tables``), so that each simulated replica's ``/metrics``
+# page counts its requests on its release's own buckets exactly, as the real engine
+# would, instead of spreading a coarser bucket over finer ones.
+TTFT_BOUNDS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2, 0.25, 0.4, 0.5, 0.6,
+                 0.75, 0.8, 1.0, 2.0, 2.5, 4.0, 5.0, 6.0, 7.5, 8.0, 10.0, 15.0, 20.0, 25.0,
+                 30.0, 40.0, 60.0, 80.0, 100.0, 160.0, 200.0, 400.0, 640.0, 2560.0)
+TPOT_BOUNDS_S = (0.002, 0.004, 0.005, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035,
+                 0.04, 0.05, 0.06, 0.075, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.75, 0.8,
+                 1.0, 2.0, 2.5, 4.0, 5.0, 6.0, 7.5, 8.0, 10.0, 20.0, 40.0, 80.0)
 
 
 def histogram(values: np.ndarray, weights: np.ndarray, bounds: tuple[float, ...]
@@ -39,8 +45,11 @@ def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> floa
 
 def build_telemetry(tick: int, dep_id: str, job_id: str, window_s: float, *,
                     counts: dict[str, float], ttft: np.ndarray, tpot: np.ndarray,
-                    weights: np.ndarray, means: dict[str, float]) -> DeploymentTelemetry:
-    """One deployment's tick; ``counts`` and ``means`` carry the scalar fields."""
+                    weights: np.ndarray, means: dict[str, float],
+                    end: dict[str, float] | None = None) -> DeploymentTelemetry:
+    """One deployment's tick; ``counts``, ``means`` (over the window) and ``end`` (the
+    queue at the window's end: ``running``, ``waiting``) carry the scalar fields."""
+    end = end or {}
     wsum = float(weights.sum())
 
     def mean(x: np.ndarray) -> float:
@@ -61,4 +70,6 @@ def build_telemetry(tick: int, dep_id: str, job_id: str, window_s: float, *,
         num_waiting=means["waiting"], num_preemptions=counts["preemptions"],
         replica_preemptions=int(counts["replica_preemptions"]),
         output_tok_s=counts["gen_tokens"] / window_s if window_s > 0 else 0.0,
-        gpu_seconds=counts["gpu_seconds"], cost_usd=counts["cost_usd"])
+        gpu_seconds=counts["gpu_seconds"], cost_usd=counts["cost_usd"],
+        num_running_end=max(float(end.get("running", 0.0)), 0.0),
+        num_waiting_end=max(float(end.get("waiting", 0.0)), 0.0))

@@ -5,7 +5,8 @@ functions rather than touching ``_pb2`` fields themselves, and the domain (``koi
 outside this package) never imports ``koi.v1``. Decoding validates: a bad message
 raises ``InvalidConfigError``/``InvalidSpecError`` naming the offending field. The
 planning tick's messages (snapshot, telemetry, observations, candidates, plan, actions,
-causal state, operator events) are in ``koi.wire.planning``; its public names are also
+causal state, operator events) are in ``koi.wire.planning`` (the belief store and the
+DRO calibrator inside the causal state: ``koi.wire.causal``); its public names are also
 reachable here, imported on first use because that module pulls in the planner.
 This package holds conversions only: no policy, no I/O beyond reading catalog and
 trace files that decoding must check, and no NATS or gRPC code.

@@ -23,7 +23,8 @@ from koi.rlm.loop import RoundOutcome
 from koi.v1 import common_pb2, hypotheses_pb2
 from koi.wire.codec import encode
 from koi.wire.config import config_to_proto
-from koi.wire.planning import _config, _decoded, _message, scope_from_proto, scope_to_proto
+from koi.wire.planning import _config, _decoded, _message
+from koi.wire.scope import scope_from_proto, scope_to_proto
 
 MAX_VALUES_JSON = 2000
 

@@ -12,10 +12,10 @@ Operator events are built and printed here too.
 
 Every ``decode_*`` raises ``koi.errors.InvalidSpecError`` — and nothing else — for bytes
 that do not parse, a required field that is missing (ids, embedded configs, specs and
-scopes, the causal state's blobs), an unknown enum value or an invalid embedded config or
-job: ``field`` is the proto path (``deployments[2].config.tp``; the message's full name
-when the bytes do not parse) and ``source`` the message's full name, so a service can
-dead-letter the message with the reason; the text is one line of bounded length
+scopes, the causal state's store and calibrator), an unknown enum value or an invalid
+embedded config or job: ``field`` is the proto path (``deployments[2].config.tp``; the
+message's full name when the bytes do not parse) and ``source`` the message's full name,
+so a service can dead-letter the message with the reason; the text is one line of bounded length
 (``koi.errors.bounded_spec_error``), whatever the input held. Protobuf parses leniently,
 so bytes of another message type are not always caught. No transport (NATS, gRPC)
 code and no policy here.
@@ -31,11 +31,10 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from koi.calibrate import DroCalibrator
 from koi.catalog import Catalog, load_catalog
 from koi.causal.beliefs import CLIFF_GRID, ThresholdBelief
 from koi.causal.observe import OutcomeObservation
-from koi.causal.scope import ANY, Scope
+from koi.causal.scope import Scope
 from koi.causal.store import BeliefStore
 from koi.cluster import (
     Action,
@@ -50,6 +49,7 @@ from koi.cluster import (
 )
 from koi.compose import ComposePlan
 from koi.compose.types import Decision, JobChoice, SolverName
+from koi.dro import DroCalibrator
 from koi.errors import InvalidConfigError, InvalidSpecError, KoiError, bounded_spec_error
 from koi.planner.explain import Explanation
 from koi.planner.place import Target
@@ -60,9 +60,16 @@ from koi.safe_text import printable
 from koi.space import DeploymentConfig
 from koi.v1 import bus_pb2, causal_pb2, cluster_pb2, common_pb2, events_pb2, plan_pb2
 from koi.wire._enums import EnumCodec
+from koi.wire.causal import (
+    calibrator_from_proto,
+    calibrator_to_proto,
+    store_from_proto,
+    store_to_proto,
+)
 from koi.wire.codec import decode, encode
 from koi.wire.config import config_from_proto, config_to_proto
 from koi.wire.jobs import job_from_proto, job_to_proto
+from koi.wire.scope import scope_from_proto, scope_to_proto
 
 M = TypeVar("M", bound=Message)
 T = TypeVar("T")
@@ -70,10 +77,6 @@ T = TypeVar("T")
 DEPLOYMENT_STATE = EnumCodec(DeploymentState, cluster_pb2.DeploymentState)
 ACTION_KIND = EnumCodec(ActionKind, cluster_pb2.PlacementActionKind)
 DECISION_KIND = EnumCodec(Decision, plan_pb2.DecisionKind)
-# domain Scope field → common.proto Scope field
-SCOPE_FIELDS = (("accelerator", "accelerator"), ("engine", "engine"),
-                ("size_class", "model_size_class"), ("parallelism", "parallelism_bucket"),
-                ("family", "accelerator_family"))
 KV_CLIFF_EDGE = ("kv_pressure", "tpot")  # the edge a ThresholdBelief is about
 TELEMETRY_FIELDS = tuple(f.name for f in fields(DeploymentTelemetry))
 EXPLANATION_FIELDS = tuple(f.name for f in fields(Explanation))
@@ -114,7 +117,6 @@ def _decoded(data: bytes, message_type: type[M], build: Callable[[M], T]) -> T:
     except InvalidConfigError as e:
         raise bounded_spec_error(e.knob, e.reason, source=name) from None
     except (KoiError, ValueError, TypeError, LookupError, AttributeError, zlib.error) as e:
-        # e.g. a blob in CausalState that is not the store's zlib'd JSON
         raise bounded_spec_error(name, f"cannot decode: {e!r}", source=name) from None
 
 
@@ -144,21 +146,6 @@ def _sorted_dict(mapping: Mapping[str, T]) -> dict[str, T]:
 
 
 # --- scopes -------------------------------------------------------------------------------
-
-def scope_to_proto(scope: Scope) -> common_pb2.Scope:
-    """``"*"`` becomes the proto's wildcard ``""``; a domain ``""`` cannot travel."""
-    values: dict[str, str] = {}
-    for dom, pb in SCOPE_FIELDS:
-        v = getattr(scope, dom)
-        if v == "":
-            raise InvalidSpecError(f"scope.{dom}", f"is empty; the wildcard is {ANY!r}")
-        values[pb] = "" if v == ANY else v
-    return common_pb2.Scope(**values)
-
-
-def scope_from_proto(msg: common_pb2.Scope) -> Scope:
-    return Scope(**{dom: getattr(msg, pb) or ANY for dom, pb in SCOPE_FIELDS})
-
 
 # --- snapshot -----------------------------------------------------------------------------
 
@@ -550,14 +537,15 @@ def causal_state_to_proto(beliefs: BeliefStore, calibrator: DroCalibrator, tick:
                           readable_beliefs: bool = True,
                           abs_error: Mapping[str, float] | None = None
                           ) -> causal_pb2.CausalState:
-    """The whole causal state: both stores as bytes, and readable lists beside them.
+    """The whole causal state: the belief store and the calibrator as their messages
+    (lossless, ``koi.wire.causal``), and readable lists beside them.
     ``target_coverage`` defaults to the calibrator's own. ``readable_beliefs=False``
     leaves out the (long, costly) readable belief list — the tick's message does: its
     readers decode the store, and a reader that lists beliefs builds them from it.
     ``abs_error``: the tick's median |log residual| per outcome (``learn_from``)."""
     msg = causal_pb2.CausalState(version=beliefs.version, tick=tick,
-                                 belief_store=beliefs.to_bytes(),
-                                 calibrator=calibrator.to_bytes(),
+                                 store=store_to_proto(beliefs),
+                                 calibrator_state=calibrator_to_proto(calibrator),
                                  abs_error=dict(abs_error or {}))
     # edge beliefs and the p95 tail factors (pseudo-edges "ttft"→"ttft_p95", …), by
     # edge and scope
@@ -609,9 +597,10 @@ def mechanisms_from_proto(msg: causal_pb2.CausalState) -> tuple[ActiveMechanism,
 
 def causal_state_from_proto(msg: causal_pb2.CausalState
                             ) -> tuple[BeliefStore, DroCalibrator, int]:
-    """(beliefs, calibrator, tick) from the two blobs; the readable lists are not read."""
-    beliefs = BeliefStore.from_bytes(_required(msg.belief_store, "belief_store"))
-    calibrator = DroCalibrator.from_bytes(_required(msg.calibrator, "calibrator"))
+    """(beliefs, calibrator, tick) from ``store``, ``calibrator_state`` and the mechanisms
+    (every one is listed); the readable beliefs and calibration are not read."""
+    beliefs = store_from_proto(_message(msg, "store", ""), msg.mechanisms)
+    calibrator = calibrator_from_proto(_message(msg, "calibrator_state", ""))
     if beliefs.version != msg.version:
         raise InvalidSpecError("version", f"{msg.version} but the belief store is at"
                                           f" version {beliefs.version}")

@@ -1,12 +1,12 @@
-"""What the practitioner policies (bandit, evolve, melange-ilp, regress-autoscale) share.
+"""What the practitioner policies (bandit, evolve, melange-ilp, regress-autoscale) know of
+each job: its demand and the profiles of its candidate replica shapes.
 
-Per-job demand (online req/s, batch tok/s to finish by the deadline), per-job "profiles"
-over candidate replica shapes (predicted: one batched ``predict_many`` for all shapes not
-yet profiled; or measured in the world, ``koi.policies.profiled``; cached on the book),
-the finished/lost housekeeping stops, and
-``reconcile``: turning one job's target deployments into LAUNCH/SCALE/SWAP/DRAIN actions
-against a ``CapacityLedger`` so that no tick over-commits GPUs. No choice of *what* to
-run lives here (that is each policy's business), and nothing reads clocks or randomness.
+Per-job demand (online req/s, batch tok/s to finish by the deadline) and per-job
+"profiles" over candidate replica shapes (predicted: one batched ``predict_many`` for
+all shapes not yet profiled; or measured in the world, ``koi.policies.profiled``; cached
+on the book). Turning a policy's choice into actions is ``koi.policies.reconcile``. No
+choice of *what* to run lives here (that is each policy's business), and nothing reads
+clocks or randomness.
 """
 
 from __future__ import annotations
@@ -17,29 +17,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from koi.catalog import Catalog, Market, Offering
+from koi.catalog import Catalog
 from koi.cluster import (
-    Action,
-    ActionKind,
     ClusterSnapshot,
-    Deployment,
-    DeploymentState,
     JobStatus,
 )
 from koi.jobs import BatchJob, OnlineJob
-from koi.policies.common import (
-    CapacityLedger,
-    batch_tokens_left,
-    housekeeping_stops,  # noqa: F401 - re-exported
-    is_lost,
-    job_finished,
-    job_rate_rps,
-    live_deployments,
-    shape_label,
-    valid_default_configs,
-)
+from koi.lifecycle import batch_tokens_left, job_rate_rps
 from koi.predictor.api import predict_many
 from koi.predictor.types import LoadMode, Workload
+from koi.shapes import valid_default_configs
 from koi.space import DeploymentConfig
 
 PREDICTOR_BACKEND = "numpy"
@@ -226,133 +213,3 @@ class ProfileBook:
                 ttft_p95_s=np.array(m.ttft_p95_s, dtype=float),
                 tpot_p95_s=np.array(m.tpot_p95_s, dtype=float))
         return {j.id: self._book[(j.id, fleet)] for j in jobs}
-
-
-# --- housekeeping ---------------------------------------------------------------------------
-
-def active_jobs(snapshot: ClusterSnapshot) -> list[JobStatus]:
-    """Jobs that should be served this tick: submitted, not rejected, not finished."""
-    return [j for j in snapshot.jobs
-            if not j.rejected and not job_finished(j, snapshot.time_s)]
-
-
-def serving_deployments(snapshot: ClusterSnapshot, job_id: str) -> list[Deployment]:
-    """The job's live deployments that still hold a replica and are not draining."""
-    return [d for d in live_deployments(snapshot, job_id)
-            if not is_lost(d) and d.state != DeploymentState.DRAINING]
-
-
-# --- reconciling one job's target with what runs ----------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """One deployment a policy wants for a job: shape, offering, replicas and why."""
-
-    shape: DeploymentConfig
-    offering: str
-    replicas: int
-    reason: str
-
-
-@dataclass(slots=True)
-class Budget:
-    """Swaps left this tick (make-before-break moves are the expensive kind)."""
-
-    swaps: int
-
-
-def offers_for(ledger: CapacityLedger, accelerator: str, preferred: str) -> list[Offering]:
-    """The preferred offering first, then that accelerator's others, cheapest first."""
-    offers = sorted(ledger.known_offerings(), key=lambda o: (o.id != preferred,
-                                                              o.usd_per_gpu_hour,
-                                                              o.market != Market.ON_DEMAND))
-    return [o for o in offers if o.accelerator == accelerator]
-
-
-def reconcile(job: JobStatus, targets: Sequence[Target], snapshot: ClusterSnapshot,
-              ledger: CapacityLedger, budget: Budget, tag: str) -> list[Action]:
-    """Actions that move the job's deployments towards ``targets``, within the ledger.
-
-    A target matched by (shape, offering) to a serving deployment is a SCALE (growth
-    shrunk to what is free). One target against one different deployment is a SWAP,
-    make-before-break, if the budget and the ledger allow it. Other unmatched targets are
-    LAUNCHed (on the preferred offering, else the same part's cheapest with room, fewer
-    replicas if fewer fit); unmatched deployments are DRAINed once every target is served.
-    A job mid-swap (more than one deployment while one target is wanted) is left alone.
-    """
-    deps = serving_deployments(snapshot, job.id)
-    if len(targets) == 1 and len(deps) > 1:
-        return []  # a swap is in flight: let it finish
-    matched: dict[str, Target] = {}
-    unmatched: list[Target] = []
-    for t in targets:
-        dep = next((d for d in deps if d.id not in matched and d.offering == t.offering
-                    and shape_key(d.config) == shape_key(t.shape)), None)
-        if dep is None:
-            unmatched.append(t)
-        else:
-            matched[dep.id] = t
-    leftovers = [d for d in deps if d.id not in matched]
-    actions = [a for d in deps if d.id in matched
-               if (a := _scale(job, d, matched[d.id], ledger)) is not None]
-    if len(unmatched) == 1 and len(leftovers) == 1 and len(targets) == 1:
-        swap = _swap(job, leftovers[0], unmatched[0], ledger, budget)
-        return actions + ([swap] if swap is not None else [])
-    launched_all = True
-    for t in unmatched:
-        launch = _launch(job, t, ledger, tag)
-        launched_all &= launch is not None
-        if launch is not None:
-            actions.append(launch)
-    if not unmatched and all(d.state == DeploymentState.RUNNING for d in deps
-                             if d.id in matched):
-        actions += [Action(ActionKind.DRAIN, job.id, f"{tag}: no longer in the plan",
-                           deployment_id=d.id) for d in leftovers]
-    if not targets and not deps:
-        actions.append(Action(ActionKind.DEFER, job.id, f"{tag}: no capacity in the plan"))
-    elif unmatched and not launched_all and not deps:
-        actions.append(Action(ActionKind.DEFER, job.id, f"{tag}: no capacity for its target"))
-    return actions
-
-
-def _scale(job: JobStatus, dep: Deployment, t: Target, ledger: CapacityLedger) -> Action | None:
-    current = dep.config.replicas
-    want = t.replicas
-    if want > current:
-        want = current + ledger.max_replicas(dep.offering, dep.config.gpus_per_replica,
-                                             want - current)
-        ledger.take(dep.offering, (want - current) * dep.config.gpus_per_replica)
-    if want == current or want < 1:
-        return None
-    return Action(ActionKind.SCALE, job.id, f"{t.reason}; {current} → {want} replicas",
-                  deployment_id=dep.id, replicas=want)
-
-
-def _swap(job: JobStatus, dep: Deployment, t: Target, ledger: CapacityLedger,
-          budget: Budget) -> Action | None:
-    if budget.swaps <= 0:
-        return None
-    gpus = t.shape.gpus_per_replica
-    n = ledger.max_replicas(t.offering, gpus, t.replicas)
-    if n < max(1, math.ceil(t.replicas / 2)):
-        return None  # not enough room to move without gutting the service
-    ledger.take(t.offering, n * gpus)
-    budget.swaps -= 1
-    cfg = t.shape.with_(offering=t.offering, replicas=n)
-    return Action(ActionKind.SWAP, job.id, f"{t.reason}; swap from {shape_label(dep.config)}"
-                  f" on {dep.offering}",
-                  deployment_id=dep.id, config=cfg, offering=t.offering, replicas=n)
-
-
-def _launch(job: JobStatus, t: Target, ledger: CapacityLedger, tag: str) -> Action | None:
-    gpus = t.shape.gpus_per_replica
-    for off in offers_for(ledger, t.shape.accelerator, t.offering):
-        n = ledger.max_replicas(off.id, gpus, t.replicas)
-        if n >= 1:
-            ledger.take(off.id, n * gpus)
-            cfg = t.shape.with_(offering=off.id, replicas=n)
-            where = "" if off.id == t.offering else f" (wanted {t.offering}, full)"
-            return Action(ActionKind.LAUNCH, job.id, f"{t.reason}; × {n} on {off.id}{where}",
-                          deployment_id=f"{job.id}.{tag}", config=cfg, offering=off.id,
-                          replicas=n)
-    return None

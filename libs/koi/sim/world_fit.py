@@ -2,8 +2,8 @@
 
 Coordinate search, per accelerator, of ``mem_eff`` and ``comp_eff`` over a grid,
 minimising the mean |log(simulated / measured)| (clipped at 1 so a few odd rows cannot
-dominate) of that accelerator's rows in ``calibration.load_rows``. Prints the values to
-paste into ``data/world.yaml``: ``python -m koi.sim.fit_world``. Offline tooling only; it
+dominate) of that accelerator's rows in ``world_check.load_rows``. Prints the values to
+paste into ``data/world.yaml``: ``python -m koi.sim.world_fit``. Offline tooling only; it
 must never import ``koi.predictor``.
 """
 
@@ -15,8 +15,8 @@ from functools import partial
 from typing import Literal
 
 from koi.catalog import load_catalog
-from koi.sim.calibration import Row, load_rows, simulate_row
 from koi.sim.world import WorldParams, load_world
+from koi.sim.world_check import Row, load_rows, simulate_row
 
 GRID = (0.3, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.97)
 Knob = Literal["mem_eff", "comp_eff"]

@@ -1,4 +1,4 @@
-"""Calibration: a per-outcome DRO radius from recent residuals, and robust predictions.
+"""The DRO calibrator: a per-outcome radius from recent residuals, and robust predictions.
 
 For each outcome the calibrator keeps the last ``window`` log-residuals log(observed /
 corrected prediction) (after the belief store's correction, so the radius measures what
@@ -41,6 +41,7 @@ from koi.causal.scope import Scope
 from koi.compress import inflate
 from koi.predictor.types import Prediction
 
+# the documents keep the module's old name: stored states and the wire carry it
 FORMAT = "koi.calibrate/2"
 FORMATS_READ = ("koi.calibrate/1", FORMAT)  # /1: no observation window
 OUTCOMES: tuple[str, ...] = ("ttft", "ttft_p95", "tpot", "tpot_p95", "throughput")

@@ -10,7 +10,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from koi.calibrate import (
+from koi.causal.observe import OutcomeObservation, log_residuals
+from koi.causal.scope import Scope
+from koi.dro import (
     MIN_SPREAD,
     POOL_WEIGHT,
     Z95,
@@ -19,8 +21,6 @@ from koi.calibrate import (
     miss_share,
     tail_spread,
 )
-from koi.causal.observe import OutcomeObservation, log_residuals
-from koi.causal.scope import Scope
 
 
 def feed(cal: DroCalibrator, rng: np.random.Generator, ticks: range, mean: float, sd: float,

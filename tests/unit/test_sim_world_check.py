@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from koi.sim import calibration_check, thinning_error
-from koi.sim.calibration import ape_summary, load_rows
+from koi.sim import check_world, thinning_error
 from koi.sim.testing import FixedPolicy, online_job, tiny_scenario
+from koi.sim.world_check import ape_summary, load_rows
 
 
 def test_measurement_rows_parse_load_modes() -> None:
@@ -18,7 +18,7 @@ def test_measurement_rows_parse_load_modes() -> None:
 
 @pytest.mark.slow
 def test_world_matches_measurements_within_20_percent_median() -> None:
-    res = calibration_check()
+    res = check_world()
     assert len(res) >= 60
     summary = ape_summary(res)
     assert summary["overall"] <= 0.20, summary

@@ -7,7 +7,7 @@ a throughput, TPOT or TTFT metric. The load each row offered comes from its
 ``qps=INF`` with "N requests" in the notes (or ``num_prompts=N``/``all N at t=0``) is a
 burst of N, ``concurrency=N`` is N closed-loop clients, ``batch=N`` a static batch.
 
-Run ``python -m koi.sim.calibration`` to print every row and the median APE per metric
+Run ``python -m koi.sim.world_check`` to print every row and the median APE per metric
 kind. This exercises the *world* (``koi.sim.physics`` + ``koi.sim.replica``); it must
 never import ``koi.predictor``.
 """
@@ -187,7 +187,7 @@ def _metric(row: Row, done: list[Completion]) -> float:
     return float((vals * w).sum() / w.sum() * 1e3)
 
 
-def calibration_check(world: WorldParams | None = None, catalog: Catalog | None = None
+def check_world(world: WorldParams | None = None, catalog: Catalog | None = None
                       ) -> list[tuple[str, float, float]]:
     """(label, measured, simulated) for every in-scope, valid measurement row."""
     cat = catalog or load_catalog()
@@ -207,7 +207,7 @@ def ape_summary(results: list[tuple[str, float, float]]) -> dict[str, float]:
 
 
 def main() -> None:
-    res = calibration_check()
+    res = check_world()
     for label, meas, sim in res:
         print(f"{label:90s} measured {meas:10.2f} simulated {sim:10.2f}"
               f" ({(sim - meas) / meas:+.0%})")
