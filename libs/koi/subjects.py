@@ -63,11 +63,13 @@ SIM_STATUS = "koi.sim.status"                   # the simulator's progress (SimS
 # --- KV buckets ------------------------------------------------------------------------
 KV_CAUSAL = "koi_causal"      # key "state": the causal store's state (CausalState)
 KV_PLAN = "koi_plan"          # key "latest": the last good plan (ClusterPlan)
-KV_LEASES = "koi_leases"      # key "placer": the placer leader's lease
+KV_LEASES = "koi_leases"      # key "placer": the placer leader's lease; "proposer-rlm": the
+                              # proposer replica that runs hypothesis rounds
 KV_SIM = "koi_sim"            # key "state": the simulator's checkpoint marker
 KEY_CAUSAL_STATE = "state"
 KEY_LATEST_PLAN = "latest"
 KEY_PLACER_LEASE = "placer"
+KEY_RLM_LEASE = "proposer-rlm"
 
 # --- object store ----------------------------------------------------------------------
 # payloads larger than the server's max_payload (services/runtime/blobs.py); a message

@@ -41,6 +41,7 @@ from koi.jobs.bounds import (
 )
 from koi.v1 import plan_service_pb2, plan_service_pb2_grpc, prediction_pb2
 from services.planner_api.grpc_security import BearerToken
+from services.planner_api.hypotheses import summary_lines as hypothesis_lines
 from services.planner_api.readmodel import (
     FailedPrecondition,
     InvalidQuery,
@@ -167,11 +168,15 @@ class PlanQueries:
         ids = list(dict.fromkeys(decision.explanation.mechanism_ids))
         known = {m.id: m for m in causal.mechanisms} if causal is not None else {}
         others, why_none = self._model.alternatives(tick, decision)
-        summary = explain_summary(tick, decision, known, causal)
+        hypotheses = self._model.hypotheses.for_job(job_id, tick, decision,
+                                                    self._model.catalog)
+        summary = "\n".join([explain_summary(tick, decision, known, causal),
+                             *([why_none] if why_none else []),
+                             *hypothesis_lines(hypotheses)])
         return plan_service_pb2.ExplainResponse(
-            tick=tick, decision=decision, causal_state_version=version,
-            summary=f"{summary}\n{why_none}" if why_none else summary,
-            mechanisms=[known[i] for i in ids if i in known], alternatives=others)
+            tick=tick, decision=decision, causal_state_version=version, summary=summary,
+            mechanisms=[known[i] for i in ids if i in known], alternatives=others,
+            hypotheses=hypotheses)
 
     def WhatIf(self, request: plan_service_pb2.WhatIfRequest
                ) -> plan_service_pb2.WhatIfResponse:

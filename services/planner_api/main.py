@@ -1,7 +1,8 @@
 """planner-api: the gRPC ``PlanService`` over a read model fed from the bus.
 
 Ordered (ephemeral) JetStream consumers replay and then follow the plans, snapshots
-(deployments and jobs), causal states and accepted jobs into ``ReadModel``; the gRPC
+(deployments and jobs), causal states, accepted jobs and the language-model hypothesis
+rounds into ``ReadModel``; the gRPC
 server (reflection and health included) answers from it; ``KOI_GRPC_HEALTH_ADDR`` adds a
 plaintext, health-only listener for probes that cannot speak TLS. It owns nothing: a restart
 rebuilds the same view from the streams. The bound port is logged and stored in the
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 
 from koi import subjects
-from koi.v1 import causal_pb2, cluster_pb2, jobs_pb2, plan_pb2
+from koi.v1 import causal_pb2, cluster_pb2, hypotheses_pb2, jobs_pb2, plan_pb2
 from services.planner_api.grpc_security import server_credentials
 from services.planner_api.grpc_server import serve
 from services.planner_api.readmodel import ReadModel
@@ -46,9 +47,13 @@ def feeds(model: ReadModel) -> dict:
     def candidates(subject: str, data: bytes) -> None:  # kept as bytes: Explain decodes
         model.on_candidates(subjects.tick_of(subject), data)
 
+    def hypotheses(subject: str, data: bytes) -> None:
+        model.hypotheses.on_round(hypotheses_pb2.HypothesisRound.FromString(data))
+
     return {subjects.tick_filter("plan"): plan, subjects.tick_filter("snapshot"): snapshot,
             subjects.tick_filter("causal"): causal, f"{subjects.JOBS_ACCEPTED_PREFIX}.>": job,
-            subjects.tick_filter("candidates"): candidates}
+            subjects.tick_filter("candidates"): candidates,
+            subjects.tick_filter(subjects.HYPOTHESES): hypotheses}
 
 
 async def run(ctx: ServiceContext) -> None:

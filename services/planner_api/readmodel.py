@@ -1,8 +1,9 @@
 """The planner-api's read model: what the bus has said, kept in memory and queried.
 
 ``ReadModel`` is fed decoded protobuf messages by the service's NATS adapter (one
-``on_*`` call per message; every feed is idempotent and ignores stale input, so
-at-least-once delivery is harmless) and answered from by the gRPC servicer. It keeps
+``on_*`` call per message, ``hypotheses.on_round`` for the language-model rounds; every
+feed is idempotent and ignores stale input, so at-least-once delivery is harmless) and
+answered from by the gRPC servicer. It keeps
 the last ``max_plans`` plans by tick, every job it has heard of, the latest snapshot's
 deployments, the latest causal state and the last few ticks' candidates, and derives
 each job's state from them. It also answers what-if questions and predicts Explain's
@@ -50,6 +51,7 @@ from services.planner_api.alternatives import (
     robust_prediction,
     scope_covers,
 )
+from services.planner_api.hypotheses import HypothesisBook
 from services.planner_api.watch import PlanWatch
 
 log = structlog.get_logger(__name__)
@@ -125,6 +127,8 @@ class ReadModel:
         self._beliefs: BeliefStore | None = None
         self._watches: set[PlanWatch] = set()
         self._candidates: dict[int, bytes] = {}  # tick → CandidateBatch, the last few
+        # the language-model rounds heard (koi.tick.<n>.hypotheses), for Explain
+        self.hypotheses = HypothesisBook()
 
     @property
     def catalog(self) -> Catalog:

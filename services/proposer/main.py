@@ -7,8 +7,9 @@ state and observations (the running deployments' mediators), read back from the 
 stream. Candidates come back in job order, exactly as the in-process planner orders
 them.
 
-With a language-model endpoint configured (docs/RLM.md), replica 0 also runs hypothesis
-rounds beside the ticks (``services.proposer.rlm``), and every replica follows the
+With a language-model endpoint configured (docs/RLM.md), the replica holding the
+``proposer-rlm`` lease also runs hypothesis rounds beside the ticks
+(``services.proposer.rlm``), and every replica follows the
 published rounds: the coordinator puts the candidates of the hypotheses in force into
 the tick's work items (``ProposeWork.extra``), which each worker adds after its jobs'
 own (``koi.rlm.adopt.widen``). Without one nothing here changes.
@@ -39,8 +40,9 @@ async def run(ctx: ServiceContext) -> None:
     reader = TickReader(ctx.bus, ctx.settings.stage_deadline_s)
     rlm = await load_settings(ctx)
     feed = await HypothesisFeed(ctx.bus, ctx.catalog, rlm).start() if rlm else None
+    # every replica competes for the rounds' lease; its holder alone runs them
     rounds = await RoundRunner(ctx, rlm, reader, settings, ctx.settings.policy).start() \
-        if rlm and ctx.settings.replica == 0 else None
+        if rlm else None
 
     async def work(data: bytes) -> bytes:
         item = work_pb2.ProposeWork.FromString(data)

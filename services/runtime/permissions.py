@@ -137,7 +137,8 @@ def _own_publishes() -> dict[str, list[str]]:
         "causal-store": [tick("causal"),
                          kv_subject(subjects.KV_CAUSAL, subjects.KEY_CAUSAL_STATE)],
         # candidates, and the hypothesis rounds it runs (every service may read them)
-        "proposer": [tick("candidates"), tick(subjects.HYPOTHESES), subjects.WORK_PROPOSE],
+        "proposer": [tick("candidates"), tick(subjects.HYPOTHESES), subjects.WORK_PROPOSE,
+                     kv_subject(subjects.KV_LEASES, subjects.KEY_RLM_LEASE)],
         "evaluator": [tick("plan"), subjects.WORK_EVALUATE,
                       kv_subject(subjects.KV_PLAN, KEY_EVALUATOR_CACHE)],
         "placer": [tick("actions"), accepted,

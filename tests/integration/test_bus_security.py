@@ -174,6 +174,29 @@ async def test_the_placer_lease_cannot_be_overwritten(secure_nats, secure_bus) -
 
 
 @pytest.mark.asyncio
+async def test_only_a_proposer_holds_the_hypothesis_rounds_lease(secure_nats,
+                                                                 secure_bus) -> None:
+    proposer_bus = await connect(secure_nats.url, "proposer", auth=secure_nats.security.auth(
+        "proposer"), wait_s=5)
+    lease = Lease(proposer_bus, subjects.KEY_RLM_LEASE, "proposer-a", ttl_s=30)
+    assert await lease.acquire()
+    forged = json.dumps({"holder": "intruder", "expires_at": time.time() + 3600}).encode()
+    rlm_lease = f"$KV.{subjects.KV_LEASES}.{subjects.KEY_RLM_LEASE}"
+    for role in (CLIENT, "evaluator", "placer", "planner-api"):
+        session = await _as(secure_nats, role)
+        await session.refused(rlm_lease, forged)
+        await session.nc.close()
+    value, _ = await secure_bus.kv_get(subjects.KV_LEASES, subjects.KEY_RLM_LEASE)
+    assert json.loads(value)["holder"] == "proposer-a"
+    assert await lease.renew()
+    # nor may the proposer take the placer's
+    session = await _as(secure_nats, "proposer")
+    await session.refused(LEASE, forged)
+    await session.nc.close()
+    await proposer_bus.close()
+
+
+@pytest.mark.asyncio
 async def test_a_job_cannot_bypass_admission(secure_nats, secure_bus) -> None:
     client, evaluator = await _as(secure_nats, CLIENT), await _as(secure_nats, "evaluator")
     await client.refused(FORGED_JOB, b"a job nobody admitted")

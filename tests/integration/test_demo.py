@@ -1,12 +1,16 @@
 """End to end: ``koi demo`` as an operator runs it — embedded NATS and valkey, every
 service as a process, a short stretch of hetero-3h — finishes, prints the metrics table
-and leaves no process of its own behind."""
+and leaves no process of its own behind; without a model endpoint it runs as it always
+did, and pointed at ``koi rlm serve-replay`` (recorded answers served as an
+OpenAI-compatible endpoint) it shows the hypothesis rounds, accepted and dropped."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,7 +37,8 @@ def _koi_processes() -> set[str]:
 
 def test_demo_runs_everything_and_stops_it(tmp_path):
     before = _koi_processes()
-    env = {k: v for k, v in os.environ.items() if k not in ("KOI_NATS_URL", "KOI_REDIS_URL")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KOI_NATS_URL", "KOI_REDIS_URL") and not k.startswith("KOI_RLM_")}
     proc = subprocess.Popen([sys.executable, "-m", "services.koi_command", "demo", "--horizon-s",
                              "300", "--timeout-s", "300"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -41,4 +46,33 @@ def test_demo_runs_everything_and_stops_it(tmp_path):
     assert proc.returncode == 0, out[-3000:]
     assert "embedded NATS with JetStream" in out and "embedded valkey" in out
     assert "overall score" in out and "5 ticks" in out
+    assert "hypothesis rounds" not in out
     assert not _koi_processes() - before, "the demo left processes running"
+
+
+def test_demo_against_a_replayed_model_shows_its_hypotheses(tmp_path):
+    answers = Path(__file__).parents[2] / "examples" / "rlm" / "demo-answers.jsonl"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KOI_NATS_URL", "KOI_REDIS_URL") and not k.startswith("KOI_RLM_")}
+    model = subprocess.Popen([sys.executable, "-m", "koi.cli.main", "rlm", "serve-replay",
+                              str(answers)], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        url = model.stdout.readline().strip()  # type: ignore[union-attr]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1"), url
+        env.update(KOI_RLM_BASE_URL=url, KOI_RLM_MODEL="replay-model", COLUMNS="240",
+                   KOI_RLM_TRANSCRIPTS=str(tmp_path / "rlm"))
+        proc = subprocess.run([sys.executable, "-m", "services.koi_command", "demo",
+                               "--horizon-s",
+                               "300", "--timeout-s", "300"], env=env, capture_output=True,
+                              text=True, timeout=380)
+    finally:
+        model.send_signal(signal.SIGTERM)
+        _, err = model.communicate(timeout=10)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "hypothesis rounds (language model)" in out and "5 ticks" in out
+    assert "hypothesis round r0-" in out and "1 accepted, 1 dropped" in out
+    assert "chat-us-8b: accepted hypothesis" in out
+    assert "chat-us-8b: dropped hypothesis #1" in out and "hallucinated accelerator" in out
+    assert "stopped after" in err and len(list((tmp_path / "rlm").glob("r0-*.jsonl"))) == 1

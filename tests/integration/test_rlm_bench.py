@@ -6,6 +6,7 @@ by ``koi rlm replay``; ``llm-only`` with a plan, a hallucinated offering and pro
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -91,3 +92,18 @@ def test_llm_only_plans_from_its_menu_and_keeps_the_plan_on_a_bad_answer(endpoin
     spend = run_json(result)["model_spend"]
     assert spend["ticks_asked"] == 3 and spend["entries_dropped"] == 1
     assert spend["fallbacks"] == 1  # prose is no plan: everything kept
+
+
+def test_koi_explain_lists_the_hypotheses_about_the_job(endpoint) -> None:
+    answers = Path(__file__).parents[2] / "examples" / "rlm" / "demo-answers.jsonl"
+    with ReplayServer(answers, repeat_last=True) as srv:
+        endpoint(srv)
+        got = CliRunner().invoke(app, ["explain", "--scenario", "hetero-3h", "--job",
+                                       "chat-us-8b", "--tick", "2", "--policy", "koi-rlm"],
+                                 env={"COLUMNS": "240"})
+    assert got.exit_code == 0, got.output
+    text = got.output
+    assert "hypotheses about chat-us-8b:" in text
+    assert "accepted " in text and "in force, expires tick 60" in text
+    assert "dropped #1 of round hetero-3h-s1-r0 (replay-model)" in text
+    assert "hallucinated accelerator" in text

@@ -273,3 +273,23 @@ def test_the_api_key_is_never_logged_stored_or_shown(caplog) -> None:
              ok.transcript.to_jsonl(), failed.transcript.to_jsonl(), caplog.text,
              repr(events), json.dumps(bodies(srv))]
     assert not [text for text in shown if KEY in text]
+
+
+def test_a_recorded_round_served_again_answers_the_same(tmp_path) -> None:
+    """``koi rlm serve-replay`` on a round's transcript: the recorded responses, tool
+    calls included, answer a new round over the same inputs, which ends the same."""
+    script = [{"tool_calls": [tool_call("playbook", {"scope": {"accelerator": "l4"}})]},
+              {"content": ANSWER}]
+    with ReplayServer(script) as srv:
+        first = run(srv)
+    path = tmp_path / "round.jsonl"
+    path.write_text(first.transcript.to_jsonl())
+    with ReplayServer(path) as again:
+        second = run(again)
+    assert first.ok and second.ok and again.calls == 2
+    assert [h.id for h in second.hypotheses] == [h.id for h in first.hypotheses]
+    # past its end: HTTP 500 (a failed round), or the last answer again with repeat_last
+    with ReplayServer([{"content": ANSWER}]) as once:
+        assert run(once).ok and not run(once).ok
+    with ReplayServer([{"content": ANSWER}], repeat_last=True) as looping:
+        assert run(looping).ok and run(looping).ok and looping.calls == 2

@@ -151,6 +151,21 @@ def test_malformed_hypotheses_are_dropped_not_raised(world, doc) -> None:
     assert accepted == () and len(dropped) == 1 and dropped[0].reason
 
 
+def test_a_dropped_hypothesis_says_which_jobs_it_named_and_what_it_claimed(world) -> None:
+    _, dropped = run_accept(world, F.hypothesis_doc(scope={"accelerator": "h900"}))
+    (d,) = dropped
+    assert d.job_ids == ("chat-eu",) and d.hypothesis_id
+    assert d.claim.startswith("kv_pressure → tpot ×1.50 [1.20–2.00] on {h900")
+    assert "expires tick 30" in d.claim and "tests chat-eu: l4 tp1 vllm" in d.claim
+    # one that does not parse still says which jobs it named, as far as they can be read
+    bad = F.hypothesis_doc(size="big", test={"configs": [{"job_id": "chat-eu"}, 7],
+                                              "explore": [{"job_id": "batch-sum"}]})
+    _, (d,) = run_accept(world, bad)
+    assert d.job_ids == ("chat-eu", "batch-sum") and d.claim == "" and "size" in d.reason
+    _, (d,) = run_accept(world, "text")
+    assert d.job_ids == ()
+
+
 def test_a_cited_mechanism_the_playbook_has_is_fine(world) -> None:
     accepted, dropped = run_accept(world, F.hypothesis_doc(why=["mechanism:abc123abc123"]))
     assert len(accepted) == 1 and dropped == ()

@@ -145,9 +145,25 @@ def test_a_round_becomes_one_event_per_verdict() -> None:
                                  ("hypothesis", "warning", "dropped")]
     assert "hallucinated accelerator" in events[-1].message
     assert events[1].job_id == "chat-eu" and len({e.key for e in events}) == 4
+    # a dropped one names the job it was about, and what it claimed
+    assert events[-1].job_id == "chat-eu" and events[-1].attributes["jobs"] == "chat-eu"
+    assert "h900" in events[-1].attributes["claim"]
     failed = round_events(outcome(ok=False, reason="HTTP 429: rate limited", hypotheses=(),
                                   dropped=(Dropped(0, "x"),)))
     assert failed[0].severity == "warning" and "HTTP 429" in failed[0].message
+
+
+def test_koi_explain_lists_a_jobs_hypotheses_accepted_and_dropped() -> None:
+    from koi.rlm.loop import job_hypothesis_lines
+
+    o = outcome()  # round r10-p0 at tick 10, entering 12; two accepted, one dropped
+    lines = job_hypothesis_lines([o], "chat-eu", F.TICK + 2)
+    assert [line.split(" ", 1)[0] for line in lines] == ["accepted", "accepted", "dropped"]
+    assert "round r10-p0, in force, expires tick 30" in lines[0]
+    assert "hallucinated accelerator" in lines[-1]
+    assert "not in force" in job_hypothesis_lines([o], "chat-eu", F.TICK)[0]
+    assert job_hypothesis_lines([o], "chat-eu", F.TICK - 1) == []  # not run yet
+    assert job_hypothesis_lines([o], "batch-sum", F.TICK + 2) == []
 
 
 def test_a_snapshot_travels_through_its_json_record() -> None:

@@ -44,6 +44,7 @@ class LearningRun:
     reports: tuple[TickReport, ...]
     events: tuple = ()
     coverage_target: float = math.nan   # the calibrator's target (the policy's settings)
+    rounds: tuple = ()                  # koi-rlm: its hypothesis rounds (RoundOutcome)
 
 
 def replay(scenario: Scenario | str, policy: str = "koi", seed: int = 1, *,
@@ -70,7 +71,8 @@ def replay(scenario: Scenario | str, policy: str = "koi", seed: int = 1, *,
             on_tick(sim.tick, scn.ticks)
     events = sim.record(policy).events
     return LearningRun(scn.name, policy, seed, tuple(pol.reports), events,
-                       coverage_target=pol.settings.coverage)
+                       coverage_target=pol.settings.coverage,
+                       rounds=tuple(getattr(pol, "outcomes", ())))
 
 
 def series(run: LearningRun) -> dict[str, np.ndarray]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from koi.bench.learning import plot, replay, stage_times, summary, write_csv
@@ -45,6 +46,15 @@ def explain_command(console: Console, scenario: str, job: str, tick: int, seed: 
     console.rule(f"{run.scenario} · tick {tick} · {policy} · seed {seed}")
     for e in found:
         console.print(e.text())
+    if run.rounds:  # koi-rlm: the language-model hypotheses about each job
+        from koi.rlm.loop import job_hypothesis_lines
+
+        for e in found:
+            lines = job_hypothesis_lines(run.rounds, e.job_id, tick)
+            if lines:
+                console.print(f"[bold]hypotheses about {escape(e.job_id)}:[/bold]")
+                for line in lines:
+                    console.print(f"  {escape(line)}")
     events = [ev for ev in run.events if (not job or ev.job_id == job) and ev.tick <= tick]
     if events:
         console.print("[bold]events so far:[/bold]")

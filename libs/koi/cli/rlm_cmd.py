@@ -98,3 +98,48 @@ def replay(
     console.print("same hypotheses as recorded" if same else
                   "[red]differs from the recorded round[/]")
     raise typer.Exit(0 if same else 1)
+
+
+@rlm_app.command("serve-replay")
+def serve_replay(
+    script: Annotated[Path, typer.Argument(
+        help="Answers to serve: a JSONL file of script entries (koi.rlm.replay_server) or"
+             " a round's file written by Koi (its recorded responses).")],
+    port: Annotated[int, typer.Option(help="Port (0: any free one).", min=0, max=65535)] = 0,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    repeat_last: Annotated[bool, typer.Option(
+        help="When the answers run out, give the last one again (else HTTP 500).")] = True,
+) -> None:
+    """Serve recorded answers as an OpenAI-compatible endpoint (POST /v1/chat/completions,
+    GET /v1/models), one per request in order, until interrupted: a stand-in model for
+    `koi demo` and the services where no model is reachable."""
+    import signal
+    import threading
+
+    from koi.rlm.replay_server import ReplayServer
+
+    console = Console(highlight=False, stderr=True)
+    try:
+        server = ReplayServer(script, host=host, port=port, repeat_last=repeat_last)
+    except (OSError, ValueError) as err:
+        console.print(f"[red]error:[/] {escape(str(script))}: {escape(str(err))}")
+        raise typer.Exit(2) from None
+    if not server.script:
+        console.print(f"[red]error:[/] {escape(str(script))} holds no answers")
+        raise typer.Exit(2)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with server:
+        # stdout: the endpoint alone, so a script can read it
+        print(server.base_url, flush=True)
+        console.print(f"serving {len(server.script)} answers"
+                      f"{' (the last one repeated)' if repeat_last else ''} at"
+                      f" {server.base_url}; point Koi at it with\n"
+                      f"  KOI_RLM_BASE_URL={server.base_url} KOI_RLM_MODEL=replay-model")
+        served = 0
+        while not stop.wait(0.5):
+            if server.calls != served:
+                served = server.calls
+                console.print(f"answered {served} request(s)")
+    console.print(f"stopped after {server.calls} request(s)")

@@ -158,11 +158,40 @@ class SearchSpace:
 
 @dataclass(frozen=True, slots=True)
 class Dropped:
-    """A hypothesis refused, with why (``index``: its place in the model's answer)."""
+    """A hypothesis refused, with why (``index``: its place in the model's answer);
+    ``job_ids``: the jobs its tests and explorations named, read from the answer even
+    when it did not parse; ``claim``: what it said in operator form, when it parsed."""
 
     index: int
     reason: str
     hypothesis_id: str = ""
+    job_ids: tuple[str, ...] = ()
+    claim: str = ""
+
+
+def claim_text(h: Hypothesis) -> str:
+    """A parsed hypothesis in one operator line: label, statement, expiry, tests."""
+    tests = [f"{t.job_id}: {t.config.accelerator} tp{t.config.tp} {t.config.engine}"
+             for t in h.tests] + [f"{e.job_id}: {e.knob} {list(e.values)}" for e in h.explore]
+    return printable(f"{h.label()} ({h.direction.value}, expires tick {h.expires_tick})"
+                     + (f" — {h.statement}" if h.statement else "")
+                     + (f"; tests {'; '.join(tests)}" if tests else ""), 600)
+
+
+def named_jobs(doc: Any) -> tuple[str, ...]:
+    """The job ids a hypothesis's JSON names in its tests and explorations, as far as its
+    shape lets them be read (each capped, in order, without repeats)."""
+    test = doc.get("test") if isinstance(doc, dict) else None
+    if not isinstance(test, dict):
+        return ()
+    out: list[str] = []
+    for part in ("configs", "explore"):
+        items = test.get(part)
+        for item in items[:MAX_TESTS] if isinstance(items, list) else ():
+            job = item.get("job_id") if isinstance(item, dict) else None
+            if isinstance(job, str) and job and printable(job, 200) not in out:
+                out.append(printable(job, 200))
+    return tuple(out)
 
 
 # --- parsing ------------------------------------------------------------------------------
@@ -490,21 +519,24 @@ def accept(answer: Sequence[Any], *, catalog: Catalog, jobs: Mapping[str, JobSta
     dropped: list[Dropped] = []
     seen: set[str] = set()
     for i, doc in enumerate(answer):
+        jobs_named = named_jobs(doc)
         if i >= max_hypotheses:
             dropped.append(Dropped(i, f"over the limit of {max_hypotheses} hypotheses a"
-                                      " round"))
+                                      " round", job_ids=jobs_named))
             continue
         h = parse_hypothesis(doc, jobs=jobs, catalog=catalog, source_model=source_model,
                              round_id=round_id)
         if isinstance(h, str):
-            dropped.append(Dropped(i, h))
+            dropped.append(Dropped(i, h, job_ids=jobs_named))
             continue
         problems = validate(h, graph, catalog, jobs, space, tick=tick,
                             max_ttl_ticks=max_ttl_ticks)
         if problems:
-            dropped.append(Dropped(i, "; ".join(problems[:4]), h.id))
+            dropped.append(Dropped(i, "; ".join(problems[:4]), h.id, jobs_named,
+                                   claim_text(h)))
         elif h.id in seen:
-            dropped.append(Dropped(i, "duplicate of an accepted hypothesis", h.id))
+            dropped.append(Dropped(i, "duplicate of an accepted hypothesis", h.id,
+                                   jobs_named, claim_text(h)))
         else:
             seen.add(h.id)
             accepted.append(h)

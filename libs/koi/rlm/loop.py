@@ -227,9 +227,37 @@ def round_events(outcome: RoundOutcome) -> list[EventSpec]:
                                          "hypothesis": h.id,
                                          "expires_tick": str(h.expires_tick)}))
     for d in o.dropped:
+        attrs = {"verdict": "dropped", "round": rid, "hypothesis": d.hypothesis_id,
+                 "reason": printable(d.reason, 200)}
+        if d.job_ids:
+            attrs["jobs"] = printable(",".join(d.job_ids), 200)
+        if d.claim:
+            attrs["claim"] = printable(d.claim, 300)
         out.append(EventSpec("hypothesis", "warning", printable(
             f"dropped hypothesis #{d.index} of round {rid}: {d.reason}", MESSAGE_CHARS),
-            f"{rid}:dropped:{d.index}",
-            attributes={"verdict": "dropped", "round": rid, "hypothesis": d.hypothesis_id,
-                        "reason": printable(d.reason, 200)}))
+            f"{rid}:dropped:{d.index}", job_id=d.job_ids[0] if d.job_ids else "",
+            attributes=attrs))
     return out
+
+
+def job_hypothesis_lines(outcomes: Sequence[RoundOutcome], job_id: str, tick: int,
+                         limit: int = 8) -> list[str]:
+    """Operator lines for the hypotheses of the rounds run by ``tick`` whose tests or
+    explorations name ``job_id``: accepted (in force at ``tick`` or not) and dropped with
+    the reason, newest round first (``koi explain``; planner-api's Explain does the same
+    over the bus's rounds)."""
+    lines: list[str] = []
+    for o in sorted((o for o in outcomes if o.round_tick <= tick),
+                    key=lambda o: -o.round_tick):
+        for h in o.hypotheses:
+            if job_id in {t.job_id for t in h.tests} | {e.job_id for e in h.explore}:
+                state = "in force" if o.enters_tick <= tick < h.expires_tick else \
+                    "not in force"
+                lines.append(printable(
+                    f"accepted {h.id} ({h.source_model}, round {o.round_id}, {state},"
+                    f" expires tick {h.expires_tick}): {h.label()}"
+                    + (f" — {h.statement}" if h.statement else ""), MESSAGE_CHARS))
+        lines += [printable(f"dropped #{d.index} of round {o.round_id} ({o.model}):"
+                            f" {d.reason}", MESSAGE_CHARS)
+                  for d in o.dropped if job_id in d.job_ids]
+    return lines[:limit]

@@ -3,8 +3,9 @@
 ``encode_hypotheses(outcome)`` / ``decode_hypotheses(data)`` carry a finished round's
 accepted hypotheses (each ``koi.rlm.hypothesis.Hypothesis`` field by field; an
 exploration's values as one JSON array, since they mix strings, numbers and booleans),
-its dropped ones with their reasons, its spend and triggers; ``decode(encode(x)) == x``
-exactly (the hypothesis id travels as sent). Decoding raises ``InvalidSpecError`` naming
+its dropped ones with their reasons (and the jobs they named, what they claimed), its
+spend and triggers; ``decode(encode(x)) == x`` exactly (the hypothesis id travels as
+sent). Decoding raises ``InvalidSpecError`` naming
 the field for bytes that do not parse, a missing edge, scope or config, an unknown
 direction or values that are not a JSON array of plain values. Conversions only.
 """
@@ -94,7 +95,8 @@ def hypotheses_to_proto(o: RoundOutcome) -> hypotheses_pb2.HypothesisRound:
         tick=o.enters_tick, round_id=o.round_id, round_tick=o.round_tick, model=o.model,
         ok=o.ok, reason=o.reason, accepted=[hypothesis_to_proto(h) for h in o.hypotheses],
         dropped=[hypotheses_pb2.DroppedHypothesis(index=d.index, reason=d.reason,
-                                                  hypothesis_id=d.hypothesis_id)
+                                                  hypothesis_id=d.hypothesis_id,
+                                                  job_ids=list(d.job_ids), claim=d.claim)
                  for d in o.dropped],
         spend=_spend_to_proto(o.spend), triggers=list(o.triggers))
 
@@ -108,7 +110,8 @@ def hypotheses_from_proto(m: hypotheses_pb2.HypothesisRound, *,
         ok=m.ok, reason=m.reason,
         hypotheses=tuple(hypothesis_from_proto(h, f"accepted[{i}].", catalog=catalog)
                          for i, h in enumerate(m.accepted)),
-        dropped=tuple(Dropped(d.index, d.reason, d.hypothesis_id) for d in m.dropped),
+        dropped=tuple(Dropped(d.index, d.reason, d.hypothesis_id, tuple(d.job_ids), d.claim)
+                      for d in m.dropped),
         spend=_spend_from_proto(m.spend), triggers=tuple(m.triggers))
 
 
