@@ -27,6 +27,7 @@ from services.runtime.bus import Bus
 from services.runtime.busrun import BusRun
 from services.runtime.security import connect_nats
 from support import rlm_fleet as F
+from support.bus_runs import stored_messages
 from support.openai_replay import ReplayServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -68,22 +69,6 @@ def _explain_with_hypotheses(url: str, deadline_s: float = 20.0):
             time.sleep(0.2)
 
 
-async def _read(url: str, subject: str) -> list:
-    """Every stored message on ``subject`` (a wildcard), with its stream sequence."""
-    nc = await connect_nats(url)
-    bus = Bus(nc, "test")
-    sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
-    out = []
-    try:
-        while True:
-            msg = await sub.next_msg(timeout=0.5)
-            out.append((msg.subject, msg.metadata.sequence.stream, await bus.resolve(msg)))
-    except Exception:
-        pass
-    await nc.close()
-    return out
-
-
 def test_a_slow_round_never_holds_a_tick_and_its_hypotheses_enter_a_later_one(
         nats_for_run, tmp_path) -> None:
     gate = threading.Event()
@@ -108,7 +93,7 @@ def test_a_slow_round_never_holds_a_tick_and_its_hypotheses_enter_a_later_one(
     ticks = run.summary.ticks
     assert asked_at is not None and len(run.decisions) == ticks
 
-    ticks_stream = asyncio.run(_read(nats_for_run, "koi.tick.>"))
+    ticks_stream = asyncio.run(stored_messages(nats_for_run, "koi.tick.>"))
     seq = {s: n for s, n, _ in ticks_stream}
     rounds = [(s, n, decode_hypotheses(d)) for s, n, d in ticks_stream
               if s.endswith(".hypotheses")]
@@ -129,7 +114,7 @@ def test_a_slow_round_never_holds_a_tick_and_its_hypotheses_enter_a_later_one(
     assert outcome.enters_tick < ticks - 1, "the round ended too late to be taken up"
 
     events = [events_pb2.OperatorEvent.FromString(d)
-              for _, _, d in asyncio.run(_read(nats_for_run, "koi.events.>"))]
+              for _, _, d in asyncio.run(stored_messages(nats_for_run, "koi.events.>"))]
     mine = [(e.attributes.get("phase") or e.attributes.get("verdict"), e.service)
             for e in events if e.kind in (events_pb2.EVENT_KIND_RLM_ROUND,
                                           events_pb2.EVENT_KIND_HYPOTHESIS)]

@@ -20,26 +20,12 @@ from koi.wire.hypotheses import decode_hypotheses
 from services.runtime.bus import Bus, _parse_lease
 from services.runtime.busrun import BusRun
 from services.runtime.security import connect_nats
+from support.bus_runs import stored_messages
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 HORIZON_S = 900.0  # 15 ticks
 KILL_AFTER = 5     # ticks the simulator finishes before the lease holder is killed
-
-
-async def _stored(url: str, subject: str) -> list[tuple[str, bytes]]:
-    nc = await connect_nats(url)
-    bus = Bus(nc, "test")
-    sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
-    out = []
-    try:
-        while True:
-            msg = await sub.next_msg(timeout=0.5)
-            out.append((msg.subject, await bus.resolve(msg)))
-    except Exception:
-        pass
-    await nc.close()
-    return out
 
 
 async def _lease_holder(url: str) -> str:
@@ -77,12 +63,12 @@ def test_two_proposer_replicas_run_one_round_per_trigger_and_fail_over(
     assert killed, "the lease holder was never found among the proposer processes"
     assert len(run.decisions) == run.summary.ticks
 
-    events = [events_pb2.OperatorEvent.FromString(d)
-              for _, d in asyncio.run(_stored(nats_for_run, "koi.events.*.rlm_round"))]
+    stored = asyncio.run(stored_messages(nats_for_run, "koi.events.*.rlm_round"))
+    events = [events_pb2.OperatorEvent.FromString(d) for _, _, d in stored]
     started = [e for e in events if e.attributes.get("phase") == "started"]
     finished = [e for e in events if e.attributes.get("phase") == "finished"]
-    rounds = [decode_hypotheses(d) for s, d in asyncio.run(
-        _stored(nats_for_run, subjects.tick_filter(subjects.HYPOTHESES)))]
+    rounds = [decode_hypotheses(d) for _, _, d in asyncio.run(
+        stored_messages(nats_for_run, subjects.tick_filter(subjects.HYPOTHESES)))]
     # one round per trigger: no tick started two, and each asked the model once
     by_tick = Counter(e.tick for e in started)
     assert by_tick and max(by_tick.values()) == 1, by_tick

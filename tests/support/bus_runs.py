@@ -1,4 +1,5 @@
-"""The in-process reference a bus run is compared with (tests/integration/test_*bus*.py)."""
+"""What the bus-run tests share (tests/integration/test_*bus*.py, test_rlm_*.py): the
+in-process reference a bus run is compared with, and reading back what a run stored."""
 
 from __future__ import annotations
 
@@ -10,6 +11,27 @@ from koi.metrics import RunMetrics, metrics_for
 from koi.policies import make_policy
 from koi.scenario import load_scenario
 from koi.sim.simulator import Simulator
+
+
+async def stored_messages(url: str, subject: str) -> list[tuple[str, int, bytes]]:
+    """Every message the run's streams hold on ``subject`` (a wildcard), oldest first:
+    (subject, stream sequence, payload with any blob reference resolved)."""
+    from services.runtime.bus import Bus
+    from services.runtime.security import connect_nats
+
+    nc = await connect_nats(url)
+    bus = Bus(nc, "test")
+    sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
+    out = []
+    try:
+        while True:
+            msg = await sub.next_msg(timeout=0.5)
+            out.append((msg.subject, msg.metadata.sequence.stream, await bus.resolve(msg)))
+    except TimeoutError:   # nothing more stored
+        pass
+    finally:
+        await nc.close()
+    return out
 
 
 def in_process(scenario: str, horizon_s: float, seed: int = 1
