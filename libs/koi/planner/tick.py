@@ -39,6 +39,8 @@ from koi.causal.observe import (
 from koi.causal.scope import Scope, scope_of
 from koi.causal.store import BeliefStore
 from koi.cluster import (
+    Action,
+    ActionKind,
     ClusterSnapshot,
     DeploymentState,
     DeploymentTelemetry,
@@ -51,6 +53,13 @@ from koi.planner.evaluate import Evaluated, Kernel, RiskLevel, Robustness, evalu
 from koi.planner.explain import Explanation, explain_choices
 from koi.planner.place import Target, place
 from koi.planner.propose import Hints, MechanismHint, Proposal, ProposerLimits, propose
+from koi.planner.stability import (
+    ChurnMemory,
+    ChurnSettings,
+    held_jobs,
+    remember,
+    stabilised,
+)
 from koi.policies.common import job_finished
 from koi.predictor.api import evaluate_matrix, predict_many
 from koi.predictor.calibration import Calibration
@@ -101,6 +110,9 @@ class KoiSettings:
     proposer: ProposerLimits = field(default_factory=lambda: ProposerLimits(max_per_job=120))
     weights: ComposeWeights = field(default_factory=ComposeWeights)
     churn_hours: float = 1.0        # a move costs this many hours of the new replicas' price
+    # plan stability: make-before-break for online shape changes, the scale-down window,
+    # the cool-down, the move price and the per-job limits (KOI_CHURN_* overrides)
+    churn: ChurnSettings = field(default_factory=ChurnSettings.from_env)
     rate_headroom: float = 1.1      # plan for this much more than the observed rate
     # batch work up to this multiple of the deadline's pace is worth running on spare
     # capacity (at ComposeWeights.ahead of a token's value beyond the pace); 3.0 scored
@@ -130,6 +142,7 @@ class KoiState:
     # tick serves the backlog that queued while it started)
     running: frozenset[str] = frozenset()
     steady: frozenset[str] = frozenset()
+    churn: ChurnMemory = field(default_factory=ChurnMemory)
 
     @staticmethod
     def initial(settings: KoiSettings) -> KoiState:
@@ -164,6 +177,9 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     (the language-model hypotheses' tests, ``koi.rlm.adopt.widen``) before evaluation."""
     stage: dict[str, float] = {}
     t0 = time.perf_counter()
+    memory = remember(state.churn, snapshot, settings.churn)
+    fleet, snapshot = snapshot, stabilised(snapshot, memory, settings.churn)
+    held = held_jobs(snapshot, memory, settings.churn)
     observations = observe(snapshot, telemetry, state.steady, settings, catalog)
     beliefs, calibrator, abs_error = learn_from(observations, state.beliefs,
                                                 state.calibrator, snapshot.tick, settings)
@@ -181,11 +197,11 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     stage["evaluate"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    plan = compose_stage(ev, snapshot, settings, catalog)
+    plan = compose_stage(ev, snapshot, settings, catalog, held=held)
     stage["compose"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    decision = place_stage(plan, snapshot, settings)
+    decision = place_stage(plan, fleet, settings, held=held)
     stage["place"] = time.perf_counter() - t
     stage["total"] = time.perf_counter() - t0
 
@@ -194,7 +210,7 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
                          calibrator, settings, catalog)
     running = running_deployments(snapshot)
     return decision, report, KoiState(beliefs, calibrator, snapshot.tick, running,
-                                      running & state.running)
+                                      running & state.running, memory)
 
 
 def tick_report(snapshot: ClusterSnapshot, plan: ComposePlan | None,
@@ -285,17 +301,27 @@ def evaluate_stage(proposals: Sequence[Proposal], snapshot: ClusterSnapshot,
 
 
 def compose_stage(ev: Evaluated, snapshot: ClusterSnapshot, settings: KoiSettings,
-                  catalog: Catalog) -> ComposePlan:
+                  catalog: Catalog, held: Mapping[str, str] | None = None) -> ComposePlan:
+    """The composed plan; a job in ``held`` (``stability.held_jobs``: job → why) keeps
+    its placement (only its current configuration is offered) and its reason says so."""
     active = active_jobs(snapshot)
     loads = job_loads(active, snapshot, settings.rate_headroom)
     measured = settings.measure(ev, snapshot) if settings.measure else None
-    table, capacity = scored_candidates(ev, snapshot, catalog, settings.churn_hours,
-                                        reshard_batch=settings.reshard_batch,
-                                        measured=measured)
+    table, capacity = scored_candidates(
+        ev, snapshot, catalog, settings.churn_hours, reshard_batch=settings.reshard_batch,
+        measured=measured, make_before_break=settings.churn.make_before_break,
+        held=frozenset(held or ()))
     demands = job_demands(active, loads, snapshot, ev, batch_pace=settings.batch_pace)
-    return compose(ComposeInput(jobs=demands, candidates=table, capacity=capacity,
-                                weights=settings.weights, top_k=settings.top_k,
+    weights = replace(settings.weights, move_value_h=settings.churn.move_value_h) \
+        if settings.churn.move_value_h else settings.weights
+    plan = compose(ComposeInput(jobs=demands, candidates=table, capacity=capacity,
+                                weights=weights, top_k=settings.top_k,
                                 time_limit_s=settings.compose_time_limit_s))
+    if not held:
+        return plan
+    return replace(plan, choices=tuple(
+        replace(c, reason=f"{c.reason}; {held[c.job_id]}") if c.job_id in held else c
+        for c in plan.choices))
 
 
 def explain_stage(plan: ComposePlan, ev: Evaluated, snapshot: ClusterSnapshot,
@@ -319,19 +345,41 @@ def plan_notes(plan: ComposePlan) -> dict[str, str]:
             "objective": f"{plan.objective:.2f}"}
 
 
-def place_stage(plan: ComposePlan, snapshot: ClusterSnapshot,
-                settings: KoiSettings) -> PlanDecision:
-    return place_targets(plan_targets(plan), plan_notes(plan), snapshot, settings)
+def place_stage(plan: ComposePlan, snapshot: ClusterSnapshot, settings: KoiSettings,
+                held: Mapping[str, str] | None = None) -> PlanDecision:
+    return place_targets(plan_targets(plan), plan_notes(plan), snapshot, settings,
+                         held=held)
 
 
 def place_targets(targets: Sequence[Target], notes: dict[str, str],
-                  snapshot: ClusterSnapshot, settings: KoiSettings) -> PlanDecision:
-    """The actions that move the fleet towards ``targets`` (the placer's stage)."""
+                  snapshot: ClusterSnapshot, settings: KoiSettings,
+                  held: Mapping[str, str] | None = None) -> PlanDecision:
+    """The actions that move the fleet towards ``targets`` (the placer's stage); a job
+    ``held`` at its move limit (``stability``) is not rescaled either."""
     finished = [j.id for j in snapshot.jobs if job_finished(j, snapshot.time_s)]
     actions = place(targets, snapshot, finished=finished,
                     migration_budget=settings.migration_budget,
-                    reshard_batch=settings.reshard_batch)
+                    reshard_batch=settings.reshard_batch,
+                    make_before_break=settings.churn.make_before_break)
+    if held:
+        actions = hold_scaling(actions, snapshot, held)
     return PlanDecision(tick=snapshot.tick, actions=tuple(actions), notes=dict(notes))
+
+
+def hold_scaling(actions: Sequence[Action], snapshot: ClusterSnapshot,
+                 held: Mapping[str, str]) -> list[Action]:
+    """``actions`` with each SCALE of a job at its move limit (pinned jobs and cool-downs
+    still scale) turned into a DEFER saying why; re-placing lost replicas at the planned
+    count is a repair and goes ahead."""
+    planned = {d.id: d.config.replicas for d in snapshot.deployments}
+    out = []
+    for a in actions:
+        why = held.get(a.job_id, "")
+        if (a.kind == ActionKind.SCALE and "moves in the last hour" in why
+                and a.replicas != planned.get(a.deployment_id, a.replicas)):
+            a = Action(ActionKind.DEFER, a.job_id, f"scale to {a.replicas} {why}")
+        out.append(a)
+    return out
 
 
 # --- learn ----------------------------------------------------------------------------
