@@ -1,5 +1,6 @@
-"""Plan stability holds, tick by tick with an explicit clock: the scale-down window,
-the cool-down after a move, pinned jobs and the per-job move limit; KOI_CHURN_*."""
+"""Plan stability holds, tick by tick with an explicit clock: the composer's (pinned,
+cool-down) from the snapshot, the placer's (scale-down window, move limit) with memory;
+KOI_CHURN_* settings."""
 
 from __future__ import annotations
 
@@ -7,84 +8,88 @@ import pytest
 
 from koi.cluster import ClusterSnapshot, Deployment, DeploymentState, JobStatus
 from koi.jobs import parse_job
-from koi.planner.stability import (
-    ChurnMemory,
-    ChurnSettings,
-    held_jobs,
-    remember,
-    stabilised,
-)
+from koi.planner.place import Target
+from koi.planner.stability import ChurnMemory, ChurnSettings, held_jobs, remember, stabilise
 from koi.space import engine_default_config
 
 OFF = "aws/us-east-1/h100-sxm/on_demand"
 S = ChurnSettings(scale_down_window_s=300.0, cooldown_s=900.0)
 
 
-def job(rate: float = 2.0, **extra) -> JobStatus:
+def job(**extra) -> JobStatus:
     spec = parse_job({"kind": "online", "id": "a", "model": "llama-3.1-8b",
                       "arrival": {"rate_rps": 2}, "input_len": 500, "output_len": 100,
                       "slo": {"ttft_ms": 1000, "tpot_ms": 50}, **extra})
-    return JobStatus(spec=spec, admitted=True, rejected=False, observed_rate_rps=rate)
+    return JobStatus(spec=spec, admitted=True, rejected=False)
 
 
-def dep(did: str = "d1", replicas: int = 2, **knobs) -> Deployment:
-    cfg = engine_default_config("llama-3.1-8b", "h100-sxm", "vllm", **knobs)
-    return Deployment(did, "a", cfg.with_(offering=OFF, replicas=replicas), OFF,
-                      DeploymentState.RUNNING, replicas, 0, 0.0)
+def cfg(**knobs):
+    return engine_default_config("llama-3.1-8b", "h100-sxm", "vllm", **knobs)
 
 
-def snap(t: float, deps=(), jobs=()) -> ClusterSnapshot:
-    return ClusterSnapshot(int(t // 120), t, 120.0, 36000.0, (), tuple(deps), tuple(jobs))
+def dep(did: str = "d1", replicas: int = 4, started: float = 0.0, **knobs) -> Deployment:
+    return Deployment(did, "a", cfg(**knobs).with_(offering=OFF, replicas=replicas), OFF,
+                      DeploymentState.RUNNING, replicas, 0, started)
 
 
-def run(ticks, settings=S, memory=None):
-    memory = memory or ChurnMemory()
-    for s in ticks:
-        memory = remember(memory, s, settings)
-    return memory
+def snap(t: float, deps=(), jobs=None) -> ClusterSnapshot:
+    return ClusterSnapshot(int(t // 120), t, 120.0, 36000.0, (), tuple(deps),
+                           tuple(jobs if jobs is not None else [job()]))
 
 
-def test_scale_down_waits_for_the_window_growth_does_not():
-    ticks = [snap(0, [dep()], [job(4.0)]), snap(120, [dep()], [job(1.0)])]
-    m = run(ticks)
-    assert stabilised(ticks[1], m, S).jobs[0].observed_rate_rps == 4.0  # the peak holds
-    later = snap(420, [dep()], [job(1.0)])
-    m = remember(m, later, S)
-    assert stabilised(later, m, S).jobs[0].observed_rate_rps == 1.0     # window passed
-    up = snap(540, [dep()], [job(9.0)])
-    assert stabilised(up, remember(m, up, S), S).jobs[0].observed_rate_rps == 9.0
+def target(replicas: int, **knobs) -> Target:
+    return Target("a", "place", "plan", cfg(**knobs), OFF, replicas)
 
 
-def test_no_window_leaves_the_snapshot_alone():
+def test_scale_down_keeps_the_most_planned_in_the_window_growth_is_at_once():
+    m = ChurnMemory()
+    s0 = snap(0, [dep(replicas=4)])
+    (t,), m = stabilise([target(4)], s0, remember(m, s0), S)
+    s1 = snap(120, [dep(replicas=4)])
+    (t,), m = stabilise([target(3)], s1, remember(m, s1), S)
+    assert t.replicas == 4 and "scale-down held: 3 planned, keeping 4" in t.reason
+    s2 = snap(360, [dep(replicas=4)])
+    (t,), m = stabilise([target(3)], s2, remember(m, s2), S)
+    assert t.replicas == 3                    # the 4 of tick 0 left the window
+    (t,), _ = stabilise([target(6)], s2, m, S)
+    assert t.replicas == 6
+
+
+def test_without_a_window_the_plan_passes_through():
     off = ChurnSettings.off()
-    s = snap(0, [dep()], [job(4.0)])
-    assert stabilised(s, remember(ChurnMemory(), s, off), off) is s
+    s = snap(120, [dep(replicas=4)])
+    (t,), _ = stabilise([target(2)], s, remember(ChurnMemory(), s), off)
+    assert t.replicas == 2 and t.reason == "plan"
 
 
-def test_a_swap_starts_the_cool_down_and_it_ends():
-    m = run([snap(0, [dep("d1")], [job()]), snap(120, [dep("d1"), dep("d2")], [job()])])
-    why = held_jobs(snap(240, jobs=[job()]), m, S)["a"]
-    assert why.startswith("held back: cooling down, moved 120 s ago")
-    assert held_jobs(snap(1020, jobs=[job()]), m, S) == {}
+def test_cool_down_from_the_newest_deployment_and_pinned_from_the_spec():
+    s = snap(300, [dep("d1", started=0.0), dep("d2", started=180.0)])
+    assert held_jobs(s, S)["a"].startswith("held back: cooling down, placed 120 s ago")
+    assert held_jobs(snap(1200, [dep(started=180.0)]), S) == {}
+    pinned = snap(5000, [dep()], [job(pinned=True)])
+    assert "pinned" in held_jobs(pinned, S)["a"]
 
 
-def test_a_relaunch_is_a_move_a_repair_is_not():
-    m = run([snap(0, [dep(replicas=2)], [job()]), snap(120, [dep(replicas=2)], [job()])])
-    assert m.moves == {} and m.placed_at == {}
-    m = remember(m, snap(240, [dep(replicas=2, max_num_seqs=64)], [job()]), S)
-    assert m.placed_at == {"a": 240} and m.moves["a"] == (240,)
-    m = remember(m, snap(360, [dep(replicas=3, max_num_seqs=64)], [job()]), S)
-    assert m.moves["a"] == (240, 360) and m.placed_at == {"a": 240}
+def test_moves_are_read_off_the_fleet_a_repair_is_not_one():
+    m = remember(ChurnMemory(), snap(0, [dep(replicas=2)]))
+    m = remember(m, snap(120, [dep(replicas=2)]))
+    assert m.moves == {}
+    m = remember(m, snap(240, [dep(replicas=3)]))
+    m = remember(m, snap(360, [dep(replicas=3, max_num_seqs=64)]))
+    m = remember(m, snap(480, [dep(replicas=3, max_num_seqs=64), dep("d2", replicas=3)]))
+    assert m.moves["a"] == (240, 360, 480)
+    assert remember(m, snap(240 + 3600, [])).moves["a"] == (360, 480)
 
 
-def test_pinned_and_move_limit_from_the_spec():
-    assert "pinned" in held_jobs(snap(0, jobs=[job(pinned=True)]), ChurnMemory(), S)["a"]
+def test_a_job_at_its_move_limit_keeps_what_it_runs():
     m = ChurnMemory(moves={"a": (0.0, 100.0)})
-    limited = job(max_moves_per_hour=2)
-    assert "2 moves in the last hour" in held_jobs(snap(200, jobs=[limited]), m, S)["a"]
-    assert held_jobs(snap(3700, jobs=[limited]), m, S) == {}
-    fleet = ChurnSettings(default_max_moves_per_hour=1.0, cooldown_s=0.0)
-    assert "its limit is 1 per hour" in held_jobs(snap(200, jobs=[job()]), m, fleet)["a"]
+    s = snap(200, [dep(replicas=4)], [job(max_moves_per_hour=2)])
+    (t,), _ = stabilise([target(6, max_num_seqs=64)], s, m, S)
+    assert t.replicas == 4 and t.config.max_num_seqs == cfg().max_num_seqs
+    assert "2 moves in the last hour, its limit is 2 per hour" in t.reason
+    fleet = ChurnSettings(default_max_moves_per_hour=1.0)
+    (t,), _ = stabilise([target(6)], snap(200, [dep(replicas=4)]), m, fleet)
+    assert t.replicas == 4 and "limit is 1 per hour" in t.reason
 
 
 def test_settings_from_the_environment_name_the_bad_variable():

@@ -2,33 +2,38 @@
 
 Four holds, each with a setting in ``ChurnSettings`` (``KOI_CHURN_<FIELD>`` overrides):
 
-* **scale-down stabilisation** (``scale_down_window_s``, as the Kubernetes HPA's): an
-  online job is planned for the highest rate it showed over the window, so a replica
-  added for a burst is not taken away the next tick and added back the one after;
-  growth is immediate;
-* **cool-down** (``cooldown_s``): a job whose placement changed (swap, relaunch) less
-  than this long ago keeps its configuration and offering (it may still scale);
+* **scale-down stabilisation** (``scale_down_window_s``, as the Kubernetes HPA's): the
+  placer keeps a job at the highest replica count planned for its placement over the
+  window, so a replica added for a burst is not taken away the next tick and added back
+  the one after; growth is immediate;
+* **cool-down** (``cooldown_s``): a job placed (launched or swapped) less than this long
+  ago keeps its configuration and offering in the composer (it may still scale);
 * **operator limits** from the job spec: ``pinned`` (never moved; scales only) and
-  ``max_moves_per_hour`` (its swaps, relaunches and scale changes in the last hour);
+  ``max_moves_per_hour`` (its swaps, relaunches and scale changes in the last hour; at
+  the limit the placer keeps what it runs);
 * the composer prices each move (``move_value_h`` hours of the job's demand value,
   ``koi.compose``), so a move must gain more than a few minutes of the job's worth —
   the estimate's noise — to be made.
 
-``ChurnMemory`` is what the holds need from earlier ticks (rates, moves), updated from
-each snapshot by ``remember``; ``held_jobs`` says which jobs may not change placement
-this tick and why (the reason reaches ``koi explain``). Pure: no I/O, time comes from
-the snapshot.
+``held_jobs`` (the composer's holds) reads the snapshot alone, so every evaluator
+replica agrees; ``stabilise`` (the placer's) needs ``ChurnMemory`` — the plans and moves
+of earlier ticks, brought up to date by ``remember`` — which the in-process planner keeps
+in ``KoiState`` and the bus placer in its process. Each hold's reason reaches the plan's
+choice or the action, and so ``koi explain`` and the event log. Pure: no I/O, time
+comes from the snapshot.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from koi.cluster import ClusterSnapshot, DeploymentState, JobStatus
+from koi.cluster import ClusterSnapshot, Deployment, DeploymentState
+from koi.planner.place import Target
+from koi.space import DeploymentConfig
 
 ENV_PREFIX = "KOI_CHURN_"
 HOUR_S = 3600.0
@@ -43,8 +48,9 @@ class ChurnSettings(BaseModel):
         True, description="An online job changes shape on its offering make-before-break "
         "(a swap there), relaunching in place only where both ends can never fit.")
     scale_down_window_s: float = Field(
-        300.0, ge=0.0, le=86_400.0, description="Plan an online job for the highest rate "
-        "it showed over this window (0: the last tick's rate only).")
+        600.0, ge=0.0, le=86_400.0, description="A job keeps the highest replica count "
+        "planned for its placement over this window (0: scale down at once). At least the "
+        "flap window (10 min), so a scale-down never follows a scale-up within it.")
     cooldown_s: float = Field(
         900.0, ge=0.0, le=86_400.0, description="After a swap or relaunch, a job keeps its "
         "placement this long (it may still scale).")
@@ -78,100 +84,108 @@ class ChurnSettings(BaseModel):
 
 @dataclass(frozen=True)
 class ChurnMemory:
-    """What the holds remember between ticks."""
+    """What the placer's holds remember between ticks (the bus placer keeps its own: it
+    is the single leader that sees every tick, as the HPA's controller keeps its window)."""
 
-    # online job → ((time, observed rate), …) within the window
-    rates: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
-    # deployment id → (job, shape key, planned replicas) at the last snapshot
+    # job → ((time, placement key, planned replicas), …) of the plans within the window
+    plans: Mapping[str, tuple[tuple[float, str, int], ...]] = field(default_factory=dict)
+    # deployment id → (job, placement key, planned replicas) at the last snapshot
     seen: Mapping[str, tuple[str, str, int]] = field(default_factory=dict)
     # job → times of its moves (any kind) within the last hour
     moves: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
-    # job → time of its last change of placement (swap, relaunch)
-    placed_at: Mapping[str, float] = field(default_factory=dict)
 
 
-def _shape_key(d) -> str:
-    c = d.config
-    return f"{c.with_(offering='', replicas=1)!r}@{d.offering}"
+def _key(config: DeploymentConfig, offering: str) -> str:
+    return f"{config.with_(offering='', replicas=1)!r}@{offering}"
 
 
-def remember(memory: ChurnMemory, snapshot: ClusterSnapshot,
-             settings: ChurnSettings) -> ChurnMemory:
-    """``memory`` brought up to ``snapshot``: this tick's rates, and the moves that the
-    fleet shows happened since the last snapshot (a new deployment of a job that had one,
-    a deployment whose shape or planned replicas changed)."""
-    now = snapshot.time_s
-    rates = {}
-    for j in snapshot.jobs:
-        if j.is_batch:
-            continue
-        keep = tuple(p for p in memory.rates.get(j.id, ())
-                     if now - p[0] < settings.scale_down_window_s)
-        rates[j.id] = (*keep, (now, j.observed_rate_rps))
-    live = [d for d in snapshot.deployments
+def _live(snapshot: ClusterSnapshot) -> list[Deployment]:
+    return [d for d in snapshot.deployments
             if d.state in (DeploymentState.RUNNING, DeploymentState.STARTING)]
+
+
+def remember(memory: ChurnMemory, snapshot: ClusterSnapshot) -> ChurnMemory:
+    """``memory`` brought up to ``snapshot``: the moves the fleet shows happened since the
+    last one (a new deployment of a job that had one, a deployment whose placement or
+    planned replicas changed), each job's kept for an hour."""
+    now = snapshot.time_s
     had = {job for job, _, _ in memory.seen.values()}
-    moves = {k: tuple(t for t in v if now - t < HOUR_S) for k, v in memory.moves.items()}
-    placed = dict(memory.placed_at)
+    moves = {k: kept for k, v in memory.moves.items()
+             if (kept := tuple(t for t in v if now - t < HOUR_S))}
     seen = {}
-    for d in live:
-        key, n = _shape_key(d), d.config.replicas
+    for d in _live(snapshot):
+        key, n = _key(d.config, d.offering), d.config.replicas
         seen[d.id] = (d.job_id, key, n)
         before = memory.seen.get(d.id)
-        if before is None:
-            moved = d.job_id in had          # a new deployment beside an old one: a swap
-            placement = moved
-        else:
-            placement = before[1] != key     # a relaunch
-            moved = placement or before[2] != n
+        moved = d.job_id in had if before is None else before[1:] != (key, n)
         if moved:
             moves[d.job_id] = (*moves.get(d.job_id, ()), now)
-        if placement:
-            placed[d.job_id] = now
-    return ChurnMemory(rates, seen, moves, placed)
+    return replace(memory, seen=seen, moves=moves)
 
 
-def stabilised(snapshot: ClusterSnapshot, memory: ChurnMemory,
-               settings: ChurnSettings) -> ClusterSnapshot:
-    """``snapshot`` with each online job's observed rate the highest of the window (the
-    scale-down stabilisation); unchanged with a window of 0."""
-    if settings.scale_down_window_s <= 0:
-        return snapshot
-    jobs = []
-    for j in snapshot.jobs:
-        seen = memory.rates.get(j.id)
-        peak = max((r for _, r in seen), default=0.0) if seen else 0.0
-        jobs.append(replace(j, observed_rate_rps=peak)
-                    if not j.is_batch and peak > j.observed_rate_rps else j)
-    return replace(snapshot, jobs=tuple(jobs))
-
-
-def held_jobs(snapshot: ClusterSnapshot, memory: ChurnMemory,
-              settings: ChurnSettings) -> dict[str, str]:
-    """Jobs that may not change placement this tick → why (for ``koi explain``)."""
+def held_jobs(snapshot: ClusterSnapshot, settings: ChurnSettings) -> dict[str, str]:
+    """Jobs the composer may not move this tick → why, from the snapshot alone (so every
+    evaluator replica agrees): pinned by their spec, or placed less than ``cooldown_s``
+    ago (their newest live deployment's start: a swap's successor, or a first launch)."""
     now = snapshot.time_s
+    newest: dict[str, float] = {}
+    for d in _live(snapshot):
+        newest[d.job_id] = max(newest.get(d.job_id, d.started_s), d.started_s)
     out = {}
     for j in snapshot.jobs:
-        reason = _held(j, now, memory, settings)
-        if reason:
-            out[j.id] = reason
+        if j.spec.pinned:
+            out[j.id] = "held back: pinned by its spec (it scales only)"
+        elif j.id in newest and settings.cooldown_s > 0 \
+                and now - newest[j.id] < settings.cooldown_s:
+            out[j.id] = (f"held back: cooling down, placed {now - newest[j.id]:.0f} s ago"
+                         f" (cool-down {settings.cooldown_s:.0f} s)")
     return out
 
 
-def _held(job: JobStatus, now: float, memory: ChurnMemory, settings: ChurnSettings) -> str:
-    if getattr(job.spec, "pinned", False):
-        return "held back: pinned by its spec (scales only)"
-    limit = getattr(job.spec, "max_moves_per_hour", None) or settings.default_max_moves_per_hour
-    recent = [t for t in memory.moves.get(job.id, ()) if now - t < HOUR_S]
-    if limit and len(recent) >= limit:
-        return (f"held back: {len(recent)} moves in the last hour, its limit is"
-                f" {limit:g} per hour")
-    at = memory.placed_at.get(job.id)
-    if at is not None and settings.cooldown_s > 0 and now - at < settings.cooldown_s:
-        return (f"held back: cooling down, moved {now - at:.0f} s ago"
-                f" (cool-down {settings.cooldown_s:.0f} s)")
-    return ""
+def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: ChurnMemory,
+              settings: ChurnSettings) -> tuple[list[Target], ChurnMemory]:
+    """The placer's holds on the plan's ``targets`` (``memory`` already ``remember``-ed
+    this snapshot): a job at its move limit keeps what it runs; a scale-down keeps the
+    highest count planned for the same placement within ``scale_down_window_s``. Each
+    held target's reason says so. Returns the targets and the memory with this plan."""
+    now = snapshot.time_s
+    window = settings.scale_down_window_s
+    primary: dict[str, Deployment] = {}
+    for live in _live(snapshot):
+        if live.state == DeploymentState.RUNNING and live.job_id not in primary:
+            primary[live.job_id] = live
+    plans = {k: kept for k, v in memory.plans.items()
+             if (kept := tuple(p for p in v if now - p[0] < window))}
+    jobs = {j.id: j for j in snapshot.jobs}
+    out = []
+    for t in targets:
+        d = primary.get(t.job_id)
+        if t.decision != "place" or t.config is None or d is None:
+            out.append(t)
+            continue
+        key, planned = _key(t.config, t.offering), d.config.replicas
+        same = key == _key(d.config, d.offering)
+        status = jobs.get(t.job_id)
+        limit = (status.spec.max_moves_per_hour if status is not None else 0.0) \
+            or settings.default_max_moves_per_hour
+        recent = len(memory.moves.get(t.job_id, ()))
+        if limit and recent >= limit and not (same and t.replicas == planned):
+            out.append(replace(t, config=d.config, offering=d.offering, replicas=planned,
+                               reason=f"{t.reason}; held back: {recent} moves in the last"
+                                      f" hour, its limit is {limit:g} per hour"))
+            continue
+        if window > 0:
+            plans[t.job_id] = (*plans.get(t.job_id, ()), (now, key, t.replicas))
+        if same and t.replicas < planned and window > 0:
+            peak = max(r for _, k, r in plans[t.job_id] if k == key)
+            keep = min(planned, max(t.replicas, peak))
+            if keep != t.replicas:
+                t = replace(t, replicas=keep, reason=f"{t.reason}; scale-down held: "
+                            f"{t.replicas} planned, keeping {keep} (the most planned in "
+                            f"the last {window:.0f} s)")
+        out.append(t)
+    return out, replace(memory, plans=plans)
 
 
 __all__ = ["ENV_PREFIX", "ChurnMemory", "ChurnSettings", "held_jobs", "remember",
-           "stabilised"]
+           "stabilise"]

@@ -39,8 +39,6 @@ from koi.causal.observe import (
 from koi.causal.scope import Scope, scope_of
 from koi.causal.store import BeliefStore
 from koi.cluster import (
-    Action,
-    ActionKind,
     ClusterSnapshot,
     DeploymentState,
     DeploymentTelemetry,
@@ -53,13 +51,7 @@ from koi.planner.evaluate import Evaluated, Kernel, RiskLevel, Robustness, evalu
 from koi.planner.explain import Explanation, explain_choices
 from koi.planner.place import Target, place
 from koi.planner.propose import Hints, MechanismHint, Proposal, ProposerLimits, propose
-from koi.planner.stability import (
-    ChurnMemory,
-    ChurnSettings,
-    held_jobs,
-    remember,
-    stabilised,
-)
+from koi.planner.stability import ChurnMemory, ChurnSettings, held_jobs, remember, stabilise
 from koi.policies.common import job_finished
 from koi.predictor.api import evaluate_matrix, predict_many
 from koi.predictor.calibration import Calibration
@@ -177,9 +169,7 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     (the language-model hypotheses' tests, ``koi.rlm.adopt.widen``) before evaluation."""
     stage: dict[str, float] = {}
     t0 = time.perf_counter()
-    memory = remember(state.churn, snapshot, settings.churn)
-    fleet, snapshot = snapshot, stabilised(snapshot, memory, settings.churn)
-    held = held_jobs(snapshot, memory, settings.churn)
+    memory = remember(state.churn, snapshot)
     observations = observe(snapshot, telemetry, state.steady, settings, catalog)
     beliefs, calibrator, abs_error = learn_from(observations, state.beliefs,
                                                 state.calibrator, snapshot.tick, settings)
@@ -197,11 +187,12 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     stage["evaluate"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    plan = compose_stage(ev, snapshot, settings, catalog, held=held)
+    plan = compose_stage(ev, snapshot, settings, catalog)
     stage["compose"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    decision = place_stage(plan, fleet, settings, held=held)
+    decision, memory = place_stable(plan_targets(plan), plan_notes(plan), snapshot,
+                                    settings, memory)
     stage["place"] = time.perf_counter() - t
     stage["total"] = time.perf_counter() - t0
 
@@ -301,16 +292,18 @@ def evaluate_stage(proposals: Sequence[Proposal], snapshot: ClusterSnapshot,
 
 
 def compose_stage(ev: Evaluated, snapshot: ClusterSnapshot, settings: KoiSettings,
-                  catalog: Catalog, held: Mapping[str, str] | None = None) -> ComposePlan:
-    """The composed plan; a job in ``held`` (``stability.held_jobs``: job → why) keeps
-    its placement (only its current configuration is offered) and its reason says so."""
+                  catalog: Catalog) -> ComposePlan:
+    """The composed plan; a job ``stability.held_jobs`` holds (pinned, cooling down)
+    keeps its placement (only its current configuration is offered) and its reason
+    says why."""
+    held = held_jobs(snapshot, settings.churn)
     active = active_jobs(snapshot)
     loads = job_loads(active, snapshot, settings.rate_headroom)
     measured = settings.measure(ev, snapshot) if settings.measure else None
     table, capacity = scored_candidates(
         ev, snapshot, catalog, settings.churn_hours, reshard_batch=settings.reshard_batch,
         measured=measured, make_before_break=settings.churn.make_before_break,
-        held=frozenset(held or ()))
+        held=frozenset(held))
     demands = job_demands(active, loads, snapshot, ev, batch_pace=settings.batch_pace)
     weights = replace(settings.weights, move_value_h=settings.churn.move_value_h) \
         if settings.churn.move_value_h else settings.weights
@@ -345,41 +338,30 @@ def plan_notes(plan: ComposePlan) -> dict[str, str]:
             "objective": f"{plan.objective:.2f}"}
 
 
-def place_stage(plan: ComposePlan, snapshot: ClusterSnapshot, settings: KoiSettings,
-                held: Mapping[str, str] | None = None) -> PlanDecision:
-    return place_targets(plan_targets(plan), plan_notes(plan), snapshot, settings,
-                         held=held)
+def place_stage(plan: ComposePlan, snapshot: ClusterSnapshot,
+                settings: KoiSettings) -> PlanDecision:
+    return place_targets(plan_targets(plan), plan_notes(plan), snapshot, settings)
 
 
 def place_targets(targets: Sequence[Target], notes: dict[str, str],
-                  snapshot: ClusterSnapshot, settings: KoiSettings,
-                  held: Mapping[str, str] | None = None) -> PlanDecision:
-    """The actions that move the fleet towards ``targets`` (the placer's stage); a job
-    ``held`` at its move limit (``stability``) is not rescaled either."""
+                  snapshot: ClusterSnapshot, settings: KoiSettings) -> PlanDecision:
+    """The actions that move the fleet towards ``targets`` (the placer's stage)."""
     finished = [j.id for j in snapshot.jobs if job_finished(j, snapshot.time_s)]
     actions = place(targets, snapshot, finished=finished,
                     migration_budget=settings.migration_budget,
                     reshard_batch=settings.reshard_batch,
                     make_before_break=settings.churn.make_before_break)
-    if held:
-        actions = hold_scaling(actions, snapshot, held)
     return PlanDecision(tick=snapshot.tick, actions=tuple(actions), notes=dict(notes))
 
 
-def hold_scaling(actions: Sequence[Action], snapshot: ClusterSnapshot,
-                 held: Mapping[str, str]) -> list[Action]:
-    """``actions`` with each SCALE of a job at its move limit (pinned jobs and cool-downs
-    still scale) turned into a DEFER saying why; re-placing lost replicas at the planned
-    count is a repair and goes ahead."""
-    planned = {d.id: d.config.replicas for d in snapshot.deployments}
-    out = []
-    for a in actions:
-        why = held.get(a.job_id, "")
-        if (a.kind == ActionKind.SCALE and "moves in the last hour" in why
-                and a.replicas != planned.get(a.deployment_id, a.replicas)):
-            a = Action(ActionKind.DEFER, a.job_id, f"scale to {a.replicas} {why}")
-        out.append(a)
-    return out
+def place_stable(targets: Sequence[Target], notes: dict[str, str], snapshot: ClusterSnapshot,
+                 settings: KoiSettings, memory: ChurnMemory
+                 ) -> tuple[PlanDecision, ChurnMemory]:
+    """``place_targets`` after the placer's holds (``stability.stabilise``: the scale-down
+    window, the per-job move limit), with ``memory`` already brought up to ``snapshot``;
+    the memory to keep for the next tick."""
+    held, memory = stabilise(targets, snapshot, memory, settings.churn)
+    return place_targets(held, notes, snapshot, settings), memory
 
 
 # --- learn ----------------------------------------------------------------------------

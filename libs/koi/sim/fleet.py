@@ -199,6 +199,7 @@ class Fleet:
         for slot in list(dep.slots):
             self.remove_slot(dep, slot, now, "relaunch")
         dep.config = cfg
+        dep.started_s = now   # restarted: the placement is new (the planner's cool-down)
         dep.coef = step_coef(cfg, self.cat, self.world, dep.offering)
         extra = self.world.relaunch_cost_s - self.world.provisioning_of(dep.offering.cloud)
         for _ in range(n):
