@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from koi.planner.churn_settings import ChurnSettings
 from koi.rlm.settings import env_table as rlm_env_table
 
 # name → (default, meaning)
@@ -67,6 +68,10 @@ ENV: dict[str, tuple[str, str]] = {
 # reads and checks these itself (RlmSettings.from_env; every field is one variable, its
 # default and meaning taken from the field). Off unless a model is named.
 ENV.update(rlm_env_table())
+# The planner's churn holds (koi.planner.stability.ChurnSettings, read by KoiSettings at
+# start-up): make-before-break, the scale-down window, the cool-down, the move price and
+# the per-job move limit.
+ENV.update(ChurnSettings.env_table())
 
 # numeric variables: name → (type, lowest, highest), both ends allowed
 BOUNDS: dict[str, tuple[type, float, float]] = {
