@@ -98,3 +98,15 @@ def test_settings_from_the_environment_name_the_bad_variable():
     assert s.cooldown_s == 60.0 and not s.make_before_break
     with pytest.raises(ValueError, match="KOI_CHURN_SCALE_DOWN_WINDOW_S"):
         ChurnSettings.from_env({"KOI_CHURN_SCALE_DOWN_WINDOW_S": "-1"})
+
+
+def test_an_untried_scope_is_as_uncertain_as_the_prior_and_the_belief_together():
+    from koi.catalog import load_catalog
+    from koi.causal.scope import scope_of
+    from koi.causal.store import BeliefStore
+    from koi.planner.stability import estimate_sd
+
+    store = BeliefStore()
+    scope = scope_of(cfg(), load_catalog())
+    prior = store.config.prior_sd
+    assert estimate_sd(store, scope) == pytest.approx((2 * prior ** 2) ** 0.5)

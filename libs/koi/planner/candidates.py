@@ -26,6 +26,7 @@ from koi.jobs import BatchJob, OnlineJob
 from koi.planner.evaluate import Evaluated, JobLoad
 from koi.planner.place import in_place, reshardable
 from koi.policies.common import batch_tokens_left, job_finished
+from koi.space import DeploymentConfig
 
 # a replica lost to a spot reclaim costs about this long before its successor serves
 RECLAIM_LOSS_H = 0.15
@@ -87,7 +88,9 @@ def _running(deployments: list, reshard: bool, relaunch: bool = True
 def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog,
                       churn_hours: float, *, reshard_batch: bool = False,
                       measured: Measured | None = None, make_before_break: bool = True,
-                      held: frozenset[str] = frozenset()
+                      held: frozenset[str] = frozenset(),
+                      estimate_sd: Callable[[DeploymentConfig], float] | None = None,
+                      uncertainty_z: float = 0.0
                       ) -> tuple[CandidateTable, dict[str, int]]:
     """(candidates × offerings table, free GPUs per offering).
 
@@ -97,7 +100,10 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
     row's rate on each offering is the measured one, and unmeasured pairs are left out.
     With ``make_before_break`` an online job's change of shape on its offering holds both
     ends (the placer swaps it there), so it is not ``in_place``. A running job in
-    ``held`` (``stability.held_jobs``) is offered its current placement only.
+    ``held`` (``stability.held_jobs``) is offered its current placement only. With
+    ``estimate_sd`` and ``uncertainty_z`` a running job's other options keep
+    exp(−z·(sd − sd of what runs)) of their rate and goodput when their estimate is the
+    more uncertain (``stability.estimate_sd``).
     """
     offers_by_accel: dict[str, list] = defaultdict(list)
     for cap in snapshot.capacity:
@@ -135,23 +141,30 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
             where = [(off, p.config.with_(offering=off.id), keeps(p.config, off.id),
                       (p.config, off.id) in current)
                      for off in offers_by_accel.get(p.config.accelerator, [])]
+        shrink = 1.0
+        if estimate_sd is not None and uncertainty_z > 0 and current:
+            tried = live[p.job_id][0].config
+            shrink = math.exp(-uncertainty_z * max(estimate_sd(p.config)
+                                                   - estimate_sd(tried), 0.0))
         for off, config, keeps_gpus, is_current in where:
             if current and not is_current and p.job_id in held:
                 continue
+
             if measured is not None:
                 if (i, off.id) not in measured:
                     continue
                 rate, goodput = measured[(i, off.id)]
                 feasible = rate > 0
             usd = off.usd_per_gpu_hour * p.config.gpus_per_replica
+            margin = 1.0 if is_current else shrink
             rows["in_place"].append(keeps_gpus)
             rows["job_id"].append(p.job_id)
             rows["candidate_id"].append(f"{i}@{off.id}")
             rows["offering"].append(off.id)
             rows["gpus"].append(p.config.gpus_per_replica)
-            rows["goodput"].append(goodput)
+            rows["goodput"].append(goodput * margin)
             rows["usd"].append(usd)
-            rows["rate"].append(rate)
+            rows["rate"].append(rate * margin)
             rows["preempt"].append(min(off.preemption_rate_per_hour * RECLAIM_LOSS_H, 1.0))
             rows["current"].append(is_current)
             # moving re-provisions every replica the job holds now

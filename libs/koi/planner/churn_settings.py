@@ -31,6 +31,12 @@ class ChurnSettings(BaseModel):
     move_value_h: float = Field(
         0.0, ge=0.0, le=10.0, description="A move that changes a running job's placement "
         "costs this many hours of the job's demand value in the composer's objective.")
+    uncertainty_z: float = Field(
+        0.0, ge=0.0, le=5.0, description="A running job's options are valued at their "
+        "capacity × exp(−z·sd), sd the posterior spread of the pass belief their scope "
+        "reads (widened by the prior's when it is backed off from a broader scope), so a "
+        "move must beat the tried configuration by more than its estimate's uncertainty "
+        "(0: off).")
     default_max_moves_per_hour: float = Field(
         0.0, ge=0.0, le=3600.0, description="Moves per hour a job may make when its spec "
         "sets no max_moves_per_hour (0: no limit).")
@@ -61,7 +67,7 @@ class ChurnSettings(BaseModel):
     def off(cls) -> ChurnSettings:
         """Every hold off: the planner as it was before plan stability."""
         return cls(make_before_break=False, scale_down_window_s=0.0, cooldown_s=0.0,
-                   move_value_h=0.0, default_max_moves_per_hour=0.0)
+                   move_value_h=0.0, uncertainty_z=0.0, default_max_moves_per_hour=0.0)
 
 
 __all__ = ["ENV_PREFIX", "ChurnSettings"]

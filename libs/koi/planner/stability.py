@@ -12,8 +12,10 @@ Four holds, each with a setting in ``ChurnSettings`` (``KOI_CHURN_<FIELD>`` over
   ``max_moves_per_hour`` (its swaps, relaunches and scale changes in the last hour; at
   the limit the placer keeps what it runs);
 * the composer prices each move (``move_value_h`` hours of the job's demand value,
-  ``koi.compose``), so a move must gain more than a few minutes of the job's worth —
-  the estimate's noise — to be made.
+  ``koi.compose``), so a move must gain more than a few minutes of the job's worth to
+  be made; and, with ``uncertainty_z``, values a running job's options at their
+  capacity less ``z`` posterior sds of the estimate behind it (``estimate_sd``), so an
+  untried scope that inherits a broad belief does not win on less than its uncertainty.
 
 ``held_jobs`` (the composer's holds) reads the snapshot alone, so every evaluator
 replica agrees; ``stabilise`` (the placer's) needs ``ChurnMemory`` — the plans and moves
@@ -25,9 +27,13 @@ comes from the snapshot.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from koi.causal.observe import attribute
+from koi.causal.scope import Scope
+from koi.causal.store import BeliefStore
 from koi.cluster import ClusterSnapshot, Deployment, DeploymentState
 from koi.planner.churn_settings import ENV_PREFIX, ChurnSettings
 from koi.planner.place import Target
@@ -96,6 +102,17 @@ def held_jobs(snapshot: ClusterSnapshot, settings: ChurnSettings) -> dict[str, s
     return out
 
 
+def estimate_sd(beliefs: BeliefStore, scope: Scope) -> float:
+    """The uncertainty (log sd) of what the plan reads for ``scope``: the posterior sd of
+    the pass (base-regime TPOT) belief the lookup finds, widened by the prior's sd when
+    that belief is a broader scope's (the scope may differ from its average by that
+    much) — so an untried scope inheriting a broad belief is as uncertain as it is."""
+    found = beliefs.lookup(attribute("tpot", None, beliefs.regimes), scope)
+    if found.scope == scope:
+        return found.sd
+    return math.hypot(found.sd, beliefs.config.prior_sd)
+
+
 def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: ChurnMemory,
               settings: ChurnSettings) -> tuple[list[Target], ChurnMemory]:
     """The placer's holds on the plan's ``targets`` (``memory`` already ``remember``-ed
@@ -141,5 +158,5 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
     return out, replace(memory, plans=plans)
 
 
-__all__ = ["ENV_PREFIX", "ChurnMemory", "ChurnSettings", "held_jobs", "remember",
-           "stabilise"]
+__all__ = ["ENV_PREFIX", "ChurnMemory", "ChurnSettings", "estimate_sd", "held_jobs",
+           "remember", "stabilise"]

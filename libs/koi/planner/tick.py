@@ -51,13 +51,21 @@ from koi.planner.evaluate import Evaluated, Kernel, RiskLevel, Robustness, evalu
 from koi.planner.explain import Explanation, explain_choices
 from koi.planner.place import Target, place
 from koi.planner.propose import Hints, MechanismHint, Proposal, ProposerLimits, propose
-from koi.planner.stability import ChurnMemory, ChurnSettings, held_jobs, remember, stabilise
+from koi.planner.stability import (
+    ChurnMemory,
+    ChurnSettings,
+    estimate_sd,
+    held_jobs,
+    remember,
+    stabilise,
+)
 from koi.policies.common import job_finished
 from koi.predictor.api import evaluate_matrix, predict_many
 from koi.predictor.calibration import Calibration
 from koi.predictor.features import build_inputs
 from koi.predictor.passes import pass_curves
 from koi.predictor.types import LoadMode, Prediction, Workload
+from koi.space import DeploymentConfig
 
 # the outcomes whose DRO radius the evaluator applies (``Robustness``'s three radii)
 ROBUST_OUTCOMES: tuple[str, ...] = ("ttft_p95", "tpot_p95", "throughput")
@@ -187,7 +195,7 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     stage["evaluate"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    plan = compose_stage(ev, snapshot, settings, catalog)
+    plan = compose_stage(ev, snapshot, settings, catalog, beliefs)
     stage["compose"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -292,18 +300,28 @@ def evaluate_stage(proposals: Sequence[Proposal], snapshot: ClusterSnapshot,
 
 
 def compose_stage(ev: Evaluated, snapshot: ClusterSnapshot, settings: KoiSettings,
-                  catalog: Catalog) -> ComposePlan:
+                  catalog: Catalog, beliefs: BeliefStore | None = None) -> ComposePlan:
     """The composed plan; a job ``stability.held_jobs`` holds (pinned, cooling down)
     keeps its placement (only its current configuration is offered) and its reason
-    says why."""
+    says why. With ``beliefs`` and ``KOI_CHURN_UNCERTAINTY_Z`` a running job's other
+    options are discounted by their estimate's uncertainty (``stability.estimate_sd``)."""
     held = held_jobs(snapshot, settings.churn)
+    sd = None
+    if beliefs is not None and settings.churn.uncertainty_z > 0 and settings.use_beliefs:
+        by_scope: dict[Scope, float] = {}
+
+        def sd(config: DeploymentConfig) -> float:
+            scope = scope_of(config, catalog)
+            if scope not in by_scope:
+                by_scope[scope] = estimate_sd(beliefs, scope)
+            return by_scope[scope]
     active = active_jobs(snapshot)
     loads = job_loads(active, snapshot, settings.rate_headroom)
     measured = settings.measure(ev, snapshot) if settings.measure else None
     table, capacity = scored_candidates(
         ev, snapshot, catalog, settings.churn_hours, reshard_batch=settings.reshard_batch,
         measured=measured, make_before_break=settings.churn.make_before_break,
-        held=frozenset(held))
+        held=frozenset(held), estimate_sd=sd, uncertainty_z=settings.churn.uncertainty_z)
     demands = job_demands(active, loads, snapshot, ev, batch_pace=settings.batch_pace)
     weights = replace(settings.weights, move_value_h=settings.churn.move_value_h) \
         if settings.churn.move_value_h else settings.weights
