@@ -17,9 +17,9 @@ per job, and the per-job costs the cluster counted in ``JobOutcome``):
 * **start-up / drain GPU-minutes** — GPUs held by replicas still provisioning and loading
   weights, or draining (first launches included: it is what a move's start-up costs
   beside what any placement costs);
-* **requests disrupted** — requests a move evicted (relaunch, a cancelled replica, a
-  stop) or that arrived while a move left the job no replica; **dropped by a move** —
-  those of them never served.
+* **requests disrupted** — requests a move evicted (a relaunch, a cancelled starting
+  replica; a STOP ends a job, it is not a move) or that arrived while a relaunch left
+  the job no replica; **dropped by a move** — those of them never served.
 
 Pure functions over records; no simulator, no policy, no I/O. ``placement_key`` is the
 one name a placement has in the events.

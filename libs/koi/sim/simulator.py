@@ -44,8 +44,9 @@ from koi.sim.world import WorldParams, load_world
 from koi.space import DeploymentConfig
 
 STREAM_JOB = 21
-# eviction reasons that are a policy's move (the rest are the world's: preemption, stock-out)
-MOVE_EVICTIONS = frozenset({"relaunch", "scaled_down", "stopped"})
+# eviction reasons that are a policy's move (the rest are the world's — preemption,
+# stock-out — or an end: a STOP of a finished or rejected job is not a move)
+MOVE_EVICTIONS = frozenset({"relaunch", "scaled_down"})
 QUARANTINED = "quarantined"   # the reason prefix of a job taken out because it raised
 
 
