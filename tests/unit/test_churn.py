@@ -87,3 +87,17 @@ def test_costs_come_from_the_outcomes():
 def test_job_hours_counts_ticks_holding_gpus():
     rec = record([], gpus={"a": {"h100": 0}}, horizon=600.0)
     assert job_hours(rec) == {}
+
+
+def test_churn_markdown_from_run_records_and_older_runs_without_churn():
+    from koi.bench.report import churn_markdown
+
+    rec = {"scenario": "s", "policy": "koi", "seed": 1,
+           "churn": run_churn(record([ev(0, "scale", before="4", after="3"),
+                                      ev(120, "scale", before="3", after="4")])).to_dict()}
+    old = {"scenario": "s", "policy": "melange", "seed": 1}
+    text = churn_markdown([rec, old])
+    koi_row = next(line for line in text.splitlines() if "| koi |" in line)
+    assert "| 1 | 1 |" in koi_row.replace(".0 |", " |") and "1/1/0/0" in koi_row
+    old_row = next(line for line in text.splitlines() if "| melange |" in line)
+    assert "nan" in old_row and "not recorded" in old_row
