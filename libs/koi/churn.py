@@ -38,6 +38,7 @@ from koi.space import DeploymentConfig, config_hash
 
 FLAP_WINDOW_S = 600.0
 MOVE_KINDS: tuple[str, ...] = ("scale_up", "scale_down", "swap", "relaunch")
+FORCED_RELAUNCH = "capacity forbids make-before-break"   # = koi.planner.place's reason
 _SCALE_DETAIL = re.compile(r"^(\d+) → (\d+) replicas")
 
 
@@ -147,6 +148,10 @@ class RunChurn:
     jobs: tuple[JobChurn, ...]
     window_s: float = FLAP_WINDOW_S
     moves: dict[str, int] = field(default_factory=dict)
+    # relaunches of online jobs (their traffic waits through the restart), and of those
+    # the ones the placer said capacity forced (no room for make-before-break)
+    online_relaunches: int = 0
+    forced_relaunches: int = 0
 
     @property
     def total_moves(self) -> int:
@@ -191,6 +196,8 @@ class RunChurn:
             "median_moves_per_job_hour": self.median_moves_per_job_hour,
             "max_moves_per_job_hour": self.max_moves_per_job_hour,
             "flaps": self.flaps, "jobs_with_flaps": self.jobs_with_flaps,
+            "online_relaunches": self.online_relaunches,
+            "forced_relaunches": self.forced_relaunches,
             **{k: self.total(k) for k in ("startup_gpu_min", "drain_gpu_min",
                                           "disrupted_requests", "dropped_by_move")}}
         if jobs:
@@ -212,7 +219,11 @@ def run_churn(record: RunRecord, window_s: float = FLAP_WINDOW_S) -> RunChurn:
         j.startup_gpu_s / 60.0, j.drain_gpu_s / 60.0, j.disrupted_requests,
         j.dropped_by_move) for j in record.jobs if j.submitted)
     total = Counter(m.kind for m in moves)
-    return RunChurn(rows, window_s, {k: total[k] for k in MOVE_KINDS})
+    online = {j.job_id for j in record.jobs if j.kind == "online"}
+    relaunches = [e for e in record.events if e.kind == "relaunch" and e.job_id in online]
+    forced = sum(1 for e in relaunches if FORCED_RELAUNCH in e.detail)
+    return RunChurn(rows, window_s, {k: total[k] for k in MOVE_KINDS}, len(relaunches),
+                    forced)
 
 
 def by_job(churn: RunChurn) -> Mapping[str, JobChurn]:

@@ -101,3 +101,12 @@ def test_churn_markdown_from_run_records_and_older_runs_without_churn():
     assert "| 1 | 1 |" in koi_row.replace(".0 |", " |") and "1/1/0/0" in koi_row
     old_row = next(line for line in text.splitlines() if "| melange |" in line)
     assert "nan" in old_row and "not recorded" in old_row
+
+
+def test_online_relaunches_and_those_capacity_forced():
+    from koi.planner.place import FORCED_RELAUNCH as PLACER_SAYS
+
+    seq = [ev(0, "relaunch", "a", "A", "B", detail="tp1 pp1 vllm, down 60s: plan"),
+           ev(300, "relaunch", "a", "B", "C", detail=f"down 60s: {PLACER_SAYS}: needs 8")]
+    rc = run_churn(record(seq))
+    assert (rc.online_relaunches, rc.forced_relaunches) == (2, 1)

@@ -35,6 +35,8 @@ from koi.cluster import Action, ActionKind, ClusterSnapshot, Deployment, Deploym
 from koi.space import DeploymentConfig
 
 PARALLELISM_KNOBS = ("tp", "pp", "dp_attention", "ep")
+# the reason an online relaunch gives when the offering cannot hold both ends (koi.churn)
+FORCED_RELAUNCH = "capacity forbids make-before-break"
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +177,7 @@ def _within_free(actions: list[Action], snapshot: ClusterSnapshot) -> list[Actio
                 and need + dep.gpus > total.get(offering, 0)):
             # both ends can never fit on the offering: the shape changes break-first
             a = Action(ActionKind.RELAUNCH, a.job_id,
-                       f"capacity forbids make-before-break: the new shape needs {need} GPUs"
+                       f"{FORCED_RELAUNCH}: the new shape needs {need} GPUs"
                        f" on {offering} beside the {dep.gpus} it holds, of"
                        f" {total.get(offering, 0)}; its traffic waits through the restart"
                        f" ({a.reason})", deployment_id=dep.id, config=a.config,
