@@ -110,3 +110,15 @@ def test_an_untried_scope_is_as_uncertain_as_the_prior_and_the_belief_together()
     scope = scope_of(cfg(), load_catalog())
     prior = store.config.prior_sd
     assert estimate_sd(store, scope) == pytest.approx((2 * prior ** 2) ** 0.5)
+
+
+def test_a_dead_band_keeps_a_plan_wavering_by_one():
+    banded = ChurnSettings(scale_down_window_s=300.0, scale_down_band=1)
+    m = ChurnMemory()
+    s = snap(0, [dep(replicas=4)])
+    (t,), m = stabilise([target(3)], s, remember(m, s), banded)
+    assert t.replicas == 4 and "a band of 1" in t.reason
+    (t,), m = stabilise([target(2)], snap(120, [dep(replicas=4)]), m, banded)
+    assert t.replicas == 4                        # the window's most (3) is within the band
+    (t,), _ = stabilise([target(1)], snap(600, [dep(replicas=4)]), m, banded)
+    assert t.replicas == 2                        # the window's most is 1: to 1 + the band

@@ -25,6 +25,10 @@ class ChurnSettings(BaseModel):
         600.0, ge=0.0, le=86_400.0, description="A job keeps the highest replica count "
         "planned for its placement over this window (0: scale down at once). At least the "
         "flap window (10 min), so a scale-down never follows a scale-up within it.")
+    scale_down_band: int = Field(
+        0, ge=0, le=16, description="Replicas a scale-down must clear: a job scales down "
+        "only when the most planned over the window is more than this many below what it "
+        "runs, and then to that most plus this many (0: to the most planned).")
     cooldown_s: float = Field(
         900.0, ge=0.0, le=86_400.0, description="A job placed (launched, swapped or "
         "relaunched) less than this long ago keeps its placement (it may still scale).")
@@ -66,7 +70,8 @@ class ChurnSettings(BaseModel):
     @classmethod
     def off(cls) -> ChurnSettings:
         """Every hold off: the planner as it was before plan stability."""
-        return cls(make_before_break=False, scale_down_window_s=0.0, cooldown_s=0.0,
+        return cls(make_before_break=False, scale_down_window_s=0.0, scale_down_band=0,
+                   cooldown_s=0.0,
                    move_value_h=0.0, uncertainty_z=0.0, default_max_moves_per_hour=0.0)
 
 

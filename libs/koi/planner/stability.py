@@ -5,7 +5,9 @@ Four holds, each with a setting in ``ChurnSettings`` (``KOI_CHURN_<FIELD>`` over
 * **scale-down stabilisation** (``scale_down_window_s``, as the Kubernetes HPA's): the
   placer keeps a job at the highest replica count planned for its placement over the
   window, so a replica added for a burst is not taken away the next tick and added back
-  the one after; growth is immediate;
+  the one after; growth is immediate. With ``scale_down_band`` the count must also fall
+  more than that many replicas below what runs (a dead band: a plan that wavers
+  between n and n+1 on a noisy rate keeps n+1);
 * **cool-down** (``cooldown_s``): a job placed (launched or swapped) less than this long
   ago keeps its configuration and offering in the composer (it may still scale);
 * **operator limits** from the job spec: ``pinned`` (never moved; scales only) and
@@ -149,11 +151,13 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
             plans[t.job_id] = (*plans.get(t.job_id, ()), (now, key, t.replicas))
         if same and t.replicas < planned and window > 0:
             peak = max(r for _, k, r in plans[t.job_id] if k == key)
-            keep = min(planned, max(t.replicas, peak))
+            band = settings.scale_down_band
+            keep = planned if peak + band >= planned else max(t.replicas, peak + band)
             if keep != t.replicas:
                 t = replace(t, replicas=keep, reason=f"{t.reason}; scale-down held: "
                             f"{t.replicas} planned, keeping {keep} (the most planned in "
-                            f"the last {window:.0f} s)")
+                            f"the last {window:.0f} s: {peak}"
+                            + (f", and a band of {band})" if band else ")"))
         out.append(t)
     return out, replace(memory, plans=plans)
 
