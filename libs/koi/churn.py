@@ -199,7 +199,11 @@ class RunChurn:
             "online_relaunches": self.online_relaunches,
             "forced_relaunches": self.forced_relaunches,
             **{k: self.total(k) for k in ("startup_gpu_min", "drain_gpu_min",
-                                          "disrupted_requests", "dropped_by_move")}}
+                                          "disrupted_requests", "dropped_by_move")},
+            # online jobs' alone: a batch request a move evicts is re-fed, not lost
+            **{f"online_{k}": float(sum(getattr(j, k) for j in self.jobs
+                                        if j.kind == "online"))
+               for k in ("disrupted_requests", "dropped_by_move")}}
         if jobs:
             out["jobs"] = [j.to_dict() for j in self.jobs]
         return out
