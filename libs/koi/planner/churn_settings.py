@@ -26,7 +26,7 @@ class ChurnSettings(BaseModel):
         "planned for its placement over this window (0: scale down at once). At least the "
         "flap window (10 min), so a scale-down never follows a scale-up within it.")
     scale_down_band: int = Field(
-        0, ge=0, le=16, description="Replicas a scale-down must clear: a job scales down "
+        1, ge=0, le=16, description="Replicas a scale-down must clear: a job scales down "
         "only when the most planned over the window is more than this many below what it "
         "runs, and then to that most plus this many (0: to the most planned).")
     cooldown_s: float = Field(
