@@ -13,7 +13,7 @@ from koi.planner.stability import ChurnMemory, ChurnSettings, held_jobs, remembe
 from koi.space import engine_default_config
 
 OFF = "aws/us-east-1/h100-sxm/on_demand"
-S = ChurnSettings(scale_down_window_s=300.0, cooldown_s=900.0)
+S = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, cooldown_s=900.0)
 
 
 def job(**extra) -> JobStatus:
