@@ -30,6 +30,13 @@ class JobOutcome:
     good_output_tokens: float = 0.0   # output tokens of requests meeting both SLOs
     served_output_tokens: float = 0.0
     queued_at_end: float = 0.0        # still waiting or running when the horizon ended
+    # what the policy's moves cost the job (koi.churn): requests evicted by a move or that
+    # arrived while a move left the job no replica, and how many of those were dropped
+    disrupted_requests: float = 0.0
+    dropped_by_move: float = 0.0
+    # GPU-seconds held by replicas still starting (provisioning, weight load) or draining
+    startup_gpu_s: float = 0.0
+    drain_gpu_s: float = 0.0
     # batch
     tokens_requested: float = 0.0     # output tokens the batch job asked for
     tokens_by_deadline: float = 0.0   # output tokens processed before its deadline
@@ -57,6 +64,10 @@ class EventRecord:
     job_id: str                       # preemption | stockout | reject | admit | defer
     detail: str = ""
     deployment_id: str = ""
+    # a move's structured ends (koi.churn reads these, not ``detail``): replica counts
+    # for scale ("3" → "4"); placements (``placement_key``) for launch, swap and relaunch
+    before: str = ""
+    after: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,7 +125,7 @@ async def run(ctx: ServiceContext) -> None:
             ctx.bus, subjects.WORK_EVALUATE, items, work, ctx.settings.stage_deadline_s / 2)]
         ev = Evaluated.concat([from_slice(a, proposals) for a in answers])
         t1 = time.perf_counter()
-        plan = compose_stage(ev, snapshot, settings, ctx.catalog)
+        plan = compose_stage(ev, snapshot, settings, ctx.catalog, beliefs)
         t2 = time.perf_counter()
         explanations = explain_stage(plan, ev, snapshot, beliefs, calibrator, settings,
                                      ctx.catalog)

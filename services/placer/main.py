@@ -3,7 +3,9 @@
 * One leader at a time holds the ``placer`` lease in the ``koi_leases`` bucket; a
   standby keeps trying and takes over when the leader stops renewing. Only the leader
   consumes plans and snapshots.
-* For each plan it runs ``koi.planner.tick.place_targets`` against the tick's snapshot,
+* For each plan it runs ``koi.planner.tick.place_stable`` against the tick's snapshot
+  (the placer's churn holds keep their memory here, as the in-process planner's
+  ``KoiState`` does; a standby that takes over starts it empty),
   publishes the actions, stores the plan as the last good one (``koi_plan``/latest) and
   emits one operator event per action, citing the mechanisms behind the decision.
 * Every snapshot starts the tick's deadline: no plan by then → the last good plan is
@@ -26,7 +28,8 @@ import uuid
 from koi import subjects
 from koi.cluster import ActionKind, ClusterSnapshot, PlanDecision
 from koi.planner.settings import settings_for
-from koi.planner.tick import place_targets
+from koi.planner.stability import ChurnMemory, remember
+from koi.planner.tick import place_stable
 from koi.v1 import events_pb2, plan_pb2
 from koi.wire import codec, planning
 from services.placer.admission import Admission
@@ -54,6 +57,7 @@ class Placer:
         self.settings = settings_for(ctx.settings.policy)
         self.reader = TickReader(ctx.bus, ctx.settings.stage_deadline_s)
         self.latest: ClusterSnapshot | None = None
+        self.memory = ChurnMemory()   # koi.planner.stability: plans and moves seen
         self.timers: set[asyncio.Task] = set()
         self.admission = Admission(ctx, NAME)
         self.bus_errors: dict[int, list[str]] = {}  # tick → bus_error messages seen
@@ -72,9 +76,16 @@ class Placer:
         except Exception as exc:
             raise Undecodable(f"plan: {exc}") from exc
         snapshot = await self.reader.snapshot(tick)
-        decision = place_targets(targets, notes, snapshot, self.settings)
+        decision = self.place(targets, notes, snapshot)
         await self.publish(decision, tick, snapshot, mechs)
         await self.ctx.bus.kv_put(subjects.KV_PLAN, subjects.KEY_LATEST_PLAN, data)
+
+    def place(self, targets, notes: dict[str, str], snapshot: ClusterSnapshot
+              ) -> PlanDecision:
+        self.memory = remember(self.memory, snapshot)
+        decision, self.memory = place_stable(targets, notes, snapshot, self.settings,
+                                             self.memory)
+        return decision
 
     async def publish(self, decision: PlanDecision, plan_tick: int,
                       snapshot: ClusterSnapshot, mechs: dict) -> None:
@@ -111,11 +122,12 @@ class Placer:
         last = await bus.kv_get(subjects.KV_PLAN, subjects.KEY_LATEST_PLAN)
         if last is None:
             decision = PlanDecision(tick=tick, notes={"degraded": "no plan yet"})
+            self.memory = remember(self.memory, snapshot)
             source = -1
         else:
             source, targets, notes = planning.decode_plan_targets(last[0])
-            decision = place_targets(targets, {**notes, "degraded": f"plan of tick {source}"},
-                                     snapshot, self.settings)
+            decision = self.place(targets, {**notes, "degraded": f"plan of tick {source}"},
+                                  snapshot)
         await self.publish(decision, source, snapshot, {})
         cause = await self.stalled_at(tick)
         await self.ctx.event(

@@ -32,6 +32,7 @@ from pydantic import (
 )
 from pydantic import dataclasses as pydantic_dataclasses
 
+from koi.planner.churn_settings import ChurnSettings
 from koi.rlm.settings import env_table as rlm_env_table
 
 ENV_PREFIX = "KOI_"
@@ -304,6 +305,10 @@ ENV: dict[str, tuple[str, str]] = {**_service_env(), **CREDENTIAL_ENV}
 # reads and checks these itself (RlmSettings.from_env; every field is one variable, its
 # default and meaning taken from the field). Off unless a model is named.
 ENV.update(rlm_env_table())
+# The planner's churn holds (koi.planner.stability; ChurnSettings, read by KoiSettings at
+# start-up): make-before-break, the scale-down window and band, the cool-down, the move
+# price and the per-job move limit.
+ENV.update(ChurnSettings.env_table())
 
 
 def env(name: str, environ: Mapping[str, str] | None = None) -> str:

@@ -1,8 +1,8 @@
 """docs/SETTINGS.md, written from the settings models: ``koi settings --markdown``.
 
-Three tables: the services' ``KOI_*`` variables (``ServiceSettings`` and the credential
-variables), the language-model layer's ``KOI_RLM_*`` (``RlmSettings``) and the planner's
-``KoiSettings`` fields (set in code: a policy's variant, not the environment). Each row
+Four tables: the services' ``KOI_*`` variables (``ServiceSettings`` and the credential
+variables), the language-model layer's ``KOI_RLM_*`` (``RlmSettings``), the planner's
+churn holds ``KOI_CHURN_*`` (``ChurnSettings``) and the planner's ``KoiSettings`` fields (set in code: a policy's variant, not the environment). Each row
 is a field's default, bounds and description, so the page cannot drift from the code
 (a test compares it). Formatting only.
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from koi.planner.churn_settings import ENV_PREFIX as CHURN_PREFIX
+from koi.planner.churn_settings import ChurnSettings
 from koi.planner.settings import VARIANTS, KoiSettings
 from koi.rlm.settings import ENV_PREFIX as RLM_PREFIX
 from koi.rlm.settings import RlmSettings
@@ -78,6 +80,16 @@ def markdown() -> str:
                    f"{_cell(meaning)} |")
     key_file = RLM_PREFIX + "API_KEY_FILE"
     out.append(f"| `{key_file}` |  |  | {_cell(ENV[key_file][1])} |")
+    out += ["",
+            "## The planner's churn holds (docs/PLANNER.md)",
+            "",
+            "| variable | default | bounds | meaning |",
+            "|---|---|---|---|"]
+    for name, field in ChurnSettings.model_fields.items():
+        var = CHURN_PREFIX + name.upper()
+        default, meaning = ENV[var]
+        out.append(f"| `{var}` | {_code(default)} | {_cell(bounds(field))} | "
+                   f"{_cell(meaning)} |")
     out += ["",
             "## The planner's settings (`KoiSettings`)",
             "",

@@ -59,7 +59,8 @@ def test_scale_same_shape_and_reset_lost_replicas() -> None:
 
 def test_relaunch_for_new_knobs_on_same_gpus_swap_otherwise() -> None:
     running = dep("d1", "a", cfg())
-    (r,) = place([target("a", cfg(max_num_seqs=64))], snap([running], [job("a")]))
+    (r,) = place([target("a", cfg(max_num_seqs=64))], snap([running], [job("a")]),
+                 make_before_break=False)
     assert r.kind == ActionKind.RELAUNCH and r.deployment_id == "d1"
     (s,) = place([target("a", cfg(), offering=OFF2)], snap([running], [job("a")]))
     assert s.kind == ActionKind.SWAP and s.offering == OFF2
@@ -160,3 +161,33 @@ def test_a_batch_job_is_resharded_in_place_when_enabled_and_an_online_job_swaps(
                              (dep("d1", "a", cfg(), ready=8),), (job("a"),))
     (s,) = place([target("a", cfg(tp=2), replicas=4)], online, reshard_batch=True)
     assert s.kind == ActionKind.DEFER and "waiting for GPUs: needs 8" in s.reason
+
+
+def test_an_online_change_of_shape_is_make_before_break_where_both_ends_fit() -> None:
+    running = dep("d1", "a", cfg())
+    (r,) = place([target("a", cfg(max_num_seqs=64))], snap([running], [job("a")]))
+    assert r.kind == ActionKind.SWAP and r.offering == OFF and r.deployment_id == "d1"
+
+
+def test_an_online_relaunch_only_where_the_offering_can_never_hold_both_ends() -> None:
+    running = dep("d1", "a", cfg())
+    full = ClusterSnapshot(1, 60.0, 60.0, 3600.0, (OfferingCapacity(OFF, 1, 1),),
+                           (running,), (job("a"),))
+    (r,) = place([target("a", cfg(max_num_seqs=64))], full)
+    assert r.kind == ActionKind.RELAUNCH and r.deployment_id == "d1"
+    assert r.reason.startswith("capacity forbids make-before-break")
+
+
+def test_an_online_swap_in_place_waits_for_gpus_a_drain_will_free() -> None:
+    running = dep("d1", "a", cfg())
+    busy = ClusterSnapshot(1, 60.0, 60.0, 3600.0, (OfferingCapacity(OFF, 4, 4),),
+                           (running,), (job("a"),))
+    (r,) = place([target("a", cfg(max_num_seqs=64))], busy)
+    assert r.kind == ActionKind.DEFER and "waiting for GPUs" in r.reason
+
+
+def test_in_place_without_relaunch_counts_only_the_running_shape() -> None:
+    running = dep("d1", "a", cfg())
+    keeps = in_place([running], relaunch=False)
+    assert keeps(cfg(), OFF) and not keeps(cfg(max_num_seqs=64), OFF)
+    assert in_place([running])(cfg(max_num_seqs=64), OFF)

@@ -224,6 +224,7 @@ def test_evolve_respects_capacity() -> None:
     d = policy.decide(s, ())
     used = gpus_claimed(d)
     assert used and all(used[o] <= t - u for o, t, u in cap)
-    opts, g, r, _ = policy.search([j for j in s.jobs], s)
+    opts = policy.options(list(s.jobs), s)
+    g, r, _ = policy.search(opts, list(s.jobs), s)
     use = policy.usage(opts, g[None, :], r[None, :])[0]
     assert np.all(use <= opts.capacity)

@@ -479,3 +479,32 @@ def test_no_telemetry_shows_a_negative_latency_or_queue() -> None:
                        t.num_waiting_end, t.num_running_end) >= 0.0, t
     assert seen > 20
     assert any(e.kind == "preemption" for e in sim.fleet.events)
+
+
+def _changed_shape(kind: ActionKind):
+    """An online job's change of knobs on its offering as ``kind``, from a running
+    deployment at tick 5, then the run to its end; the record."""
+    sc = tiny_scenario([online_job("chat", rate=4)], horizon_s=1500)
+    sim = Simulator(sc, seed=0)
+    sim.apply(PlanDecision(0, (_launch("chat"),)))
+    for _ in range(5):
+        sim.advance()
+    old = sim.snapshot().deployments[0]
+    move = Action(kind, "chat", "test", deployment_id=old.id, config=_cfg(max_num_seqs=128),
+                  offering=OD, replicas=1 if kind == ActionKind.SWAP else 0)
+    assert sim.apply(PlanDecision(sim.tick, (move,)))[0].applied
+    while not sim.done:
+        sim.advance()
+    return sim.record("t")
+
+
+def test_a_relaunch_disrupts_an_online_job_and_a_swap_in_place_does_not() -> None:
+    from koi.churn import run_churn
+
+    relaunched = _changed_shape(ActionKind.RELAUNCH).jobs[0]
+    assert relaunched.disrupted_requests > 0   # waited through the restart (or dropped)
+    swapped = _changed_shape(ActionKind.SWAP)
+    assert swapped.jobs[0].disrupted_requests == 0 and swapped.jobs[0].dropped_by_move == 0
+    (row,) = run_churn(swapped).jobs
+    assert row.moves["swap"] == 1 and row.startup_gpu_min > 0 and row.drain_gpu_min >= 0
+    _accounted(swapped)

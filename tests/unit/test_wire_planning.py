@@ -40,9 +40,16 @@ from koi.errors import InvalidSpecError
 from koi.jobs import shared_data_dir
 from koi.lifecycle import job_finished
 from koi.planner.explain import Explanation
-from koi.planner.place import Target, place
+from koi.planner.place import Target
 from koi.planner.propose import Proposal
-from koi.planner.tick import TickReport, active_mechanisms, mediator_hints, propose_stage
+from koi.planner.stability import ChurnMemory, remember
+from koi.planner.tick import (
+    TickReport,
+    active_mechanisms,
+    mediator_hints,
+    place_stable,
+    propose_stage,
+)
 from koi.policies import make_policy
 from koi.scenario import load_scenario
 from koi.space import DeploymentConfig
@@ -140,6 +147,7 @@ def run() -> list[Tick]:
     bus = make_policy("koi", catalog=CATALOG, seed=1)
     ticks: list[Tick] = []
     telemetry: list[DeploymentTelemetry] = []
+    memory = ChurnMemory()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(BeliefStore, "update", spy)
         while len(ticks) < TICKS and not sim.done:
@@ -153,11 +161,13 @@ def run() -> list[Tick]:
             proposals = propose_stage(snapshot, active_mechanisms(policy.state.beliefs),
                                       policy.settings, CATALOG, jobs=active,
                                       hints=mediator_hints(observations))
-            _, targets, _ = decode_plan_targets(encode_plan(
+            _, targets, notes = decode_plan_targets(encode_plan(
                 snapshot.tick, report.plan, report.explanations, report.belief_version))
-            finished = [j.id for j in snapshot.jobs if job_finished(j, snapshot.time_s)]
-            placed = place(targets, snapshot, finished=finished,
-                           migration_budget=policy.settings.migration_budget)
+            # the bus placer's stage: its own churn memory, brought up to each snapshot
+            memory = remember(memory, snapshot)
+            placed_decision, memory = place_stable(list(targets), notes, snapshot,
+                                                   policy.settings, memory)
+            placed = list(placed_decision.actions)
             bus_decision = _through_the_bus(bus, snapshot, telemetry)
             ticks.append(Tick(snapshot, tuple(telemetry), decision, report,
                               policy.state.beliefs, policy.state.calibrator, proposals,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from koi.bench.runner import RunResult
+from koi.churn import JobChurn, by_job, run_churn
 from koi.metrics import JobMetrics
 from koi.records import RunRecord
 
@@ -71,6 +72,7 @@ class JobRow:
     seed: int
     metrics: JobMetrics
     activity: JobActivity
+    churn: JobChurn | None = None
 
 
 def job_rows(results: Sequence[RunResult]) -> list[JobRow]:
@@ -78,8 +80,9 @@ def job_rows(results: Sequence[RunResult]) -> list[JobRow]:
     rows = []
     for r in results:
         activity = job_activity(r.record)
-        rows += [JobRow(r.scenario, r.policy, r.seed, m, activity[m.job_id])
-                 for m in r.metrics.jobs if m.submitted]
+        churn = by_job(run_churn(r.record))
+        rows += [JobRow(r.scenario, r.policy, r.seed, m, activity[m.job_id],
+                        churn.get(m.job_id)) for m in r.metrics.jobs if m.submitted]
     return rows
 
 
@@ -97,15 +100,18 @@ def jobs_rich_table(rows: Sequence[JobRow]) -> Table:
     for name, right in (("run", False), ("job", False), ("kind", False),
                         ("admitted", False), ("TTFT met %", True), ("TPOT met %", True),
                         ("batch prog %", True), ("good Mtok", True), ("GPU-h", True),
-                        ("by family", False), ("moves", False)):
+                        ("by family", False), ("moves", False), ("moves/h", True),
+                        ("flaps", True), ("disrupted", True)):
         t.add_column(name, justify="right" if right else "left")
     for r in rows:
-        m, a = r.metrics, r.activity
+        m, a, c = r.metrics, r.activity, r.churn
         t.add_row(f"{r.scenario} · {r.policy} · s{r.seed}", m.job_id, m.kind,
                   "yes" if m.admitted else "[red]no[/]", _pct(m.ttft_met_frac),
                   _pct(m.tpot_met_frac), _pct(m.batch_progress_frac),
                   f"{m.good_output_tokens / 1e6:.2f}", f"{a.total_gpu_hours:.1f}",
-                  _hours(a), a.moves())
+                  _hours(a), a.moves(), "" if c is None else f"{c.moves_per_hour:.1f}",
+                  "" if c is None else str(c.flaps) if not c.flaps else f"[red]{c.flaps}[/]",
+                  "" if c is None else f"{c.disrupted_requests:.0f}")
     return t
 
 
@@ -115,15 +121,21 @@ def jobs_csv(rows: Sequence[JobRow]) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["scenario", "policy", "seed", "job", "kind", "model", "admitted",
                 "ttft_met_pct", "tpot_met_pct", "batch_progress_pct", "served_output_tokens",
-                "good_output_tokens", "gpu_hours", "gpu_hours_by_family", "events"])
+                "good_output_tokens", "gpu_hours", "gpu_hours_by_family", "events",
+                "moves_per_hour", "flaps", "disrupted_requests", "dropped_by_move",
+                "startup_gpu_min", "drain_gpu_min"])
     for r in rows:
-        m, a = r.metrics, r.activity
+        m, a, c = r.metrics, r.activity, r.churn
         w.writerow([r.scenario, r.policy, r.seed, m.job_id, m.kind, m.model, int(m.admitted),
                     _pct(m.ttft_met_frac), _pct(m.tpot_met_frac),
                     _pct(m.batch_progress_frac), f"{m.served_output_tokens:.6g}",
                     f"{m.good_output_tokens:.6g}", f"{a.total_gpu_hours:.4g}",
                     " ".join(f"{f}={h:.4g}" for f, h in a.gpu_hours.items()),
-                    " ".join(f"{k}={n}" for k, n in a.events.items())])
+                    " ".join(f"{k}={n}" for k, n in a.events.items()),
+                    *(["", "", "", "", "", ""] if c is None else
+                      [f"{c.moves_per_hour:.4g}", c.flaps, f"{c.disrupted_requests:.6g}",
+                       f"{c.dropped_by_move:.6g}", f"{c.startup_gpu_min:.4g}",
+                       f"{c.drain_gpu_min:.4g}"])])
     return buf.getvalue()
 
 

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from koi.bench.runner import RunResult
 from koi.bench.stats import Record, metric_value
+from koi.churn import by_job, run_churn
 
 COST_UNIT = 1e-4
 SPREAD = "half-range"
@@ -204,24 +205,30 @@ def _finite(x: Any) -> Any:
 
 
 def run_json(result: RunResult, *, jobs: bool = False) -> dict[str, Any]:
-    """``{scenario, policy, seed, wall_s, sample_fraction, metrics{…}, policy_failures}``,
-    and ``model_spend{tokens, usd, calls, …}`` for a policy that asks a language model.
+    """``{scenario, policy, seed, wall_s, sample_fraction, metrics{…}, churn{…},
+    policy_failures}``, and ``model_spend{tokens, usd, calls, …}`` for a policy that asks
+    a language model.
 
     ``metrics`` holds every ``RunMetrics`` field (per-job rows only with ``jobs=True``,
-    each with the GPU-hours the job held by family and its event counts by kind,
-    ``koi.bench.jobs.job_activity``); non-finite numbers (``$/token`` with nothing
-    served) are ``null``.
+    each with the GPU-hours the job held by family, its event counts by kind,
+    ``koi.bench.jobs.job_activity``, and its ``churn``); ``churn`` is the run's
+    ``koi.churn.RunChurn``; non-finite numbers (``$/token`` with nothing served) are
+    ``null``.
     """
     m = result.metrics.to_dict()
     rows = cast(list[dict[str, Any]], m.pop("jobs"))
+    churn = run_churn(result.record)
     if jobs:
         from koi.bench.jobs import job_activity
 
         activity = job_activity(result.record)
+        per_job = by_job(churn)
         m["jobs"] = rows
         for row in rows:
             a = activity[row["job_id"]]
             row["gpu_hours_by_family"], row["events"] = dict(a.gpu_hours), dict(a.events)
+            if row["job_id"] in per_job:
+                row["churn"] = per_job[row["job_id"]].to_dict()
     return _finite({
         "scenario": result.scenario, "policy": result.policy, "seed": result.seed,
         "wall_s": result.wall_s, "sample_fraction": result.sample_fraction,
@@ -230,9 +237,52 @@ def run_json(result: RunResult, *, jobs: bool = False) -> dict[str, Any]:
         "policy_failures": [{"tick": f.tick, "time_s": f.time_s, "error": f.error,
                              "where": f.where} for f in result.policy_failures],
         "metrics": m,
+        "churn": churn.to_dict(),
         # the planner's own language-model spend (koi-rlm, llm-only, llm-tools)
         **({"model_spend": result.model_spend} if result.model_spend is not None else {}),
     })
+
+
+# --- churn (koi.churn), per (scenario, policy) over seeds, from run records -------------
+
+CHURN_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    # (key in a record's ``churn``, header, format)
+    ("median_moves_per_job_hour", "median moves/job-h", ".2f"),
+    ("moves_per_job_hour", "moves/job-h", ".2f"),
+    ("flaps", "flaps", ".1f"),
+    ("jobs_with_flaps", "jobs flapping", ".1f"),
+    ("disrupted_requests", "requests disrupted", ".0f"),
+    ("dropped_by_move", "dropped by a move", ".0f"),
+    ("startup_gpu_min", "start-up GPU-min", ".0f"),
+    ("drain_gpu_min", "drain GPU-min", ".0f"),
+)
+
+
+def churn_markdown(records: Sequence[Record], *, by_scenario: bool = True) -> str:
+    """Churn per (scenario, policy) — or per policy over every scenario — as mean ±
+    half-range over runs (``koi.churn``); runs recorded before churn was (no ``churn``
+    block) make their row's cells nan, never a mean over the rest."""
+    groups: dict[tuple[str, str], list[Record]] = {}
+    for r in records:
+        key = (str(r["scenario"]) if by_scenario else "all", str(r["policy"]))
+        groups.setdefault(key, []).append(r)
+    head = ["scenario" if by_scenario else "scenarios", "policy", "runs",
+            *(h for _, h, _ in CHURN_COLUMNS), "moves (up/down/swap/relaunch)"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    for (scn, pol), runs in groups.items():
+        churns: list[dict[str, Any] | None] = [r.get("churn") for r in runs]
+        cells = [recorded_stat([None if c is None else c.get(k) for c in churns]).text(f)
+                 for k, _, f in CHURN_COLUMNS]
+        known = [c for c in churns if c is not None]
+        if len(known) == len(churns):
+            tot = [sum(int(c["moves"].get(k, 0)) for c in known)
+                   for k in ("scale_up", "scale_down", "swap", "relaunch")]
+            kinds = "/".join(map(str, tot))
+        else:
+            kinds = "not recorded"
+        where = scn if by_scenario else str(len({r["scenario"] for r in runs}))
+        lines.append("| " + " | ".join([where, pol, str(len(runs)), *cells, kinds]) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def results_json(results: Sequence[RunResult], *, jobs: bool = False) -> Any:
@@ -242,11 +292,13 @@ def results_json(results: Sequence[RunResult], *, jobs: bool = False) -> Any:
 
 
 __all__ = [
+    "CHURN_COLUMNS",
     "COLUMNS",
     "COST_UNIT",
     "SPREAD",
     "Stat",
     "SummaryRow",
+    "churn_markdown",
     "csv_text",
     "markdown_table",
     "recorded_stat",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from koi.bench.bar import Bar, GapClosed, Medians, suite_bar
-from koi.bench.report import COST_UNIT, markdown_table, summarise_records
+from koi.bench.report import COST_UNIT, churn_markdown, markdown_table, summarise_records
 from koi.bench.stats import Comparison, Record
 from koi.bench.suite import HELD_OUT_FROM, REPORT, RUNS, read_records, record_key
 
@@ -191,7 +191,9 @@ def _suite(s: SuiteRuns) -> str:
     wall = next((f"{line[2:]} (suite.md)" for line in s.suite_md
                  if line.startswith(SUITE_WALL)), None)
     b = suite_bar(s.records)
-    return _blocks([title, flag, facts, _scores_table(b), _bar_lines(b, wall)])
+    churn = ("Churn (`koi.churn`; totals per run, mean ± half-range over the scenarios; "
+             "moves summed over them):\n\n" + churn_markdown(s.records, by_scenario=False))
+    return _blocks([title, flag, facts, _scores_table(b), _bar_lines(b, wall), churn])
 
 
 def _scores_table(b: Bar) -> str:
@@ -277,6 +279,7 @@ def _line_e(strongest: str, c: Medians) -> str:
 def _scenario(name: str, records: Sequence[Record]) -> str:
     commits = _tally(records, lambda r: _short(stamp(r).get("commit")))
     return _blocks([f"### {name}", markdown_table(summarise_records(records)),
+                    "Churn (`koi.churn`):\n\n" + churn_markdown(records),
                     f"Commit: {commits}. Machine: {_tally(records, _machine)}."])
 
 

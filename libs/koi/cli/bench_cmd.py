@@ -199,11 +199,15 @@ def _print_and_write(console: Console, results: Sequence[RunResult], out: Path) 
 
 def _print_and_write_jobs(console: Console, results: Sequence[RunResult], out: Path) -> None:
     from koi.bench.jobs import job_rows, jobs_csv, jobs_rich_table
+    from koi.bench.report import churn_markdown, run_json
 
     rows = job_rows(results)
     _wide(console).print(jobs_rich_table(rows))
     (out / "jobs.csv").write_text(jobs_csv(rows))
-    console.print(f"per job: {out / 'jobs.csv'}")
+    churn = churn_markdown([run_json(r) for r in results])
+    (out / "churn.md").write_text(churn)
+    _wide(console).print(churn, markup=False, soft_wrap=True)
+    console.print(f"per job: {out / 'jobs.csv'}; churn: {out / 'churn.md'}")
 
 
 def _wide(console: Console) -> Console:

@@ -168,6 +168,10 @@ def build_problem(inp: ComposeInput) -> Problem:
     a = value[job_of] * np.clip(1.0 - w.risk * table.slo_risk, 0.0, 1.0)
     cost = w.cost * table.usd_per_hour
     churn = np.where(table.is_current, 0.0, w.churn * table.migration_cost)
+    if w.move_value_h > 0:
+        placed = np.array([j.currently_placed for j in jobs], dtype=bool)
+        moves = ~table.is_current & placed[job_of]
+        churn = churn + np.where(moves, w.move_value_h * value[job_of] * demand[job_of], 0.0)
 
     min_r = np.array([max(1, j.min_replicas) for j in jobs], dtype=np.int64)
     max_r = np.array([j.max_replicas for j in jobs], dtype=np.int64)

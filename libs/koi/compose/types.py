@@ -227,9 +227,12 @@ class ComposeWeights:
     preemption: float = 1.0    # share of a replica's goodput lost per unit of exposure
     priority_step: float = 2.0  # a token of priority p is worth step**(p-5) of one at 5
     ahead: float = 0.1         # share of a token's value for batch work ahead of its pace
+    # a move that changes a placed job's placement costs this many hours of the job's
+    # demand value (value × demand; koi.planner.stability): on top of migration_cost
+    move_value_h: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("cost", "risk", "churn", "preemption", "ahead"):
+        for name in ("cost", "risk", "churn", "preemption", "ahead", "move_value_h"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise InvalidSpecError(f"weights.{name}", f"{v} must be finite and ≥ 0")

@@ -31,9 +31,11 @@ _REQUIRED = object()
 _INT_LIMIT = 2**63 - 1  # what the wire's int64 carries; a larger one does not fit a float
 
 ONLINE_KEYS = ("kind", "id", "model", "arrival", "input_len", "output_len", "slo", "priority",
-               "prefix_share", "submit_s", "end_s", "client_region")
+               "prefix_share", "submit_s", "end_s", "client_region", "pinned",
+               "max_moves_per_hour")
 BATCH_KEYS = ("kind", "id", "model", "num_requests", "total_output_tokens", "input_len",
-              "output_len", "deadline_s", "submit_s", "priority")
+              "output_len", "deadline_s", "submit_s", "priority", "pinned",
+              "max_moves_per_hour")
 SLO_KEYS = ("ttft_ms", "tpot_ms", "percentile")
 ARRIVAL_KEYS = {
     "rate": ("kind", "rate_rps"),
@@ -165,7 +167,8 @@ def _parse_online(ctx: Ctx, data: dict[str, Any]) -> OnlineJob:
                  prefix_share=number(ctx, data, "prefix_share", 0.0),
                  submit_s=number(ctx, data, "submit_s", 0.0),
                  end_s=number(ctx, data, "end_s", None),
-                 client_region=string(ctx, data, "client_region", ""))
+                 client_region=string(ctx, data, "client_region", ""),
+                 **_churn_fields(ctx, data))
 
 
 def _parse_batch(ctx: Ctx, data: dict[str, Any]) -> BatchJob:
@@ -192,7 +195,14 @@ def _parse_batch(ctx: Ctx, data: dict[str, Any]) -> BatchJob:
                  output_len=output_len,
                  deadline_s=number(ctx, data, "deadline_s"),
                  submit_s=number(ctx, data, "submit_s", 0.0),
-                 priority=number(ctx, data, "priority", 5, integer=True))
+                 priority=number(ctx, data, "priority", 5, integer=True),
+                 **_churn_fields(ctx, data))
+
+
+def _churn_fields(ctx: Ctx, data: dict[str, Any]) -> dict[str, Any]:
+    """The operator's churn controls (``pinned``, ``max_moves_per_hour``), either kind."""
+    return {"pinned": boolean(ctx, data, "pinned", False),
+            "max_moves_per_hour": number(ctx, data, "max_moves_per_hour", 0.0)}
 
 
 def parse_slo(ctx: Ctx, data: Any) -> Slo:
@@ -435,10 +445,19 @@ def job_to_dict(job: JobSpec) -> dict[str, Any]:
             out["end_s"] = job.end_s
         if job.client_region:
             out["client_region"] = job.client_region
-        return out
+        return _with_churn_fields(out, job)
     out.update(num_requests=job.num_requests, input_len=length_to_dict(job.input_len),
                output_len=length_to_dict(job.output_len), deadline_s=job.deadline_s,
                submit_s=job.submit_s, priority=job.priority)
+    return _with_churn_fields(out, job)
+
+
+def _with_churn_fields(out: dict[str, Any], job: JobSpec) -> dict[str, Any]:
+    """``out`` with the churn controls a job sets (left out at their defaults)."""
+    if job.pinned:
+        out["pinned"] = True
+    if job.max_moves_per_hour:
+        out["max_moves_per_hour"] = job.max_moves_per_hour
     return out
 
 

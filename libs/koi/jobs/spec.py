@@ -57,6 +57,11 @@ class OnlineJob:
     end_s: float | None = spec_field(None, "When it stops; None = runs to the horizon.", ge=0,
                                      le=B.MAX_HORIZON_S)
     client_region: str = spec_field("", "Where clients are (cloud/region); '' = anywhere.")
+    pinned: bool = spec_field(False, "Never move it (no swap, no relaunch); it still scales.")
+    max_moves_per_hour: float = spec_field(0.0, "Moves (swaps, relaunches, replica changes)"
+                                                " it may make per hour; 0 = the fleet's"
+                                                " KOI_CHURN_DEFAULT_MAX_MOVES_PER_HOUR.",
+                                           ge=0, le=3600)
 
     def __post_init__(self) -> None:
         check_id(self.id)
@@ -99,6 +104,11 @@ class BatchJob:
     submit_s: float = spec_field(0.0, "When the job appears on the scenario clock, s.", ge=0,
                                  le=B.MAX_HORIZON_S)
     priority: int = spec_field(DEFAULT_PRIORITY, "0..9; higher is more important.", ge=0, le=9)
+    pinned: bool = spec_field(False, "Never move it (no swap, no relaunch); it still scales.")
+    max_moves_per_hour: float = spec_field(0.0, "Moves (swaps, relaunches, replica changes)"
+                                                " it may make per hour; 0 = the fleet's"
+                                                " KOI_CHURN_DEFAULT_MAX_MOVES_PER_HOUR.",
+                                           ge=0, le=3600)
 
     def __post_init__(self) -> None:
         check_id(self.id)

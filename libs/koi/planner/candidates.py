@@ -26,6 +26,7 @@ from koi.jobs import BatchJob, OnlineJob
 from koi.lifecycle import batch_tokens_left, job_finished
 from koi.planner.evaluate import Evaluated, JobLoad
 from koi.planner.place import in_place, reshardable
+from koi.space import DeploymentConfig
 
 # a replica lost to a spot reclaim costs about this long before its successor serves
 RECLAIM_LOSS_H = 0.15
@@ -73,18 +74,23 @@ def _live_by_job(snapshot: ClusterSnapshot) -> dict[str, list]:
     return live
 
 
-def _running(deployments: list, reshard: bool) -> tuple[list, int, Callable]:
+def _running(deployments: list, reshard: bool, relaunch: bool = True
+             ) -> tuple[list, int, Callable]:
     """A job's live (configuration, offering) pairs, the replicas it holds and which
     (configuration, offering) keep its GPUs (``place.in_place``; with ``reshard`` a
-    re-shard on them does too)."""
+    re-shard on them does too; without ``relaunch`` — an online job changing shape
+    make-before-break — no relaunch does)."""
     return ([(d.config.with_(offering="", replicas=1), d.offering) for d in deployments],
             sum(d.replicas_ready + d.replicas_starting for d in deployments),
-            in_place(deployments, reshard=reshard))
+            in_place(deployments, reshard=reshard, relaunch=relaunch))
 
 
 def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog,
                       churn_hours: float, *, reshard_batch: bool = False,
-                      measured: Measured | None = None
+                      measured: Measured | None = None, make_before_break: bool = True,
+                      held: frozenset[str] = frozenset(),
+                      estimate_sd: Callable[[DeploymentConfig], float] | None = None,
+                      uncertainty_z: float = 0.0
                       ) -> tuple[CandidateTable, dict[str, int]]:
     """(candidates × offerings table, free GPUs per offering).
 
@@ -92,6 +98,12 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
     them (its running deployment, a relaunch in place; with ``reshard_batch`` a batch
     job's re-shard there) is ``in_place``. With ``measured`` (the true oracle's), each
     row's rate on each offering is the measured one, and unmeasured pairs are left out.
+    With ``make_before_break`` an online job's change of shape on its offering holds both
+    ends (the placer swaps it there), so it is not ``in_place``. A running job in
+    ``held`` (``stability.held_jobs``) is offered its current placement only. With
+    ``estimate_sd`` and ``uncertainty_z`` a running job's other options keep
+    exp(−z·(sd − sd of what runs)) of their rate and goodput when their estimate is the
+    more uncertain (``stability.estimate_sd``).
     """
     offers_by_accel: dict[str, list] = defaultdict(list)
     for cap in snapshot.capacity:
@@ -101,6 +113,7 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
     live = _live_by_job(snapshot)
     admitted = {j.id for j in snapshot.jobs if j.admitted}
     reshard = reshardable(snapshot, reshard_batch)
+    online = {j.id for j in snapshot.jobs if not j.is_batch}
     feasible_jobs = {p.job_id for p, ok in zip(ev.proposals, ev.slo_feasible, strict=True)
                      if ok}
     rows: dict[str, list] = defaultdict(list)
@@ -118,8 +131,9 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
             # (hetero-12h 71.1 / 71.7 against 73.9 / 74.8 on seeds 1-2; NOTES)
             goodput, rate, feasible = 0.0, 0.0, ev.nominal_max_rate_rps[i] > 0
         if p.job_id not in running:
-            running[p.job_id] = _running(live.get(p.job_id, []), p.job_id in reshard)
-        current, held, keeps = running[p.job_id]
+            running[p.job_id] = _running(live.get(p.job_id, []), p.job_id in reshard,
+                                         not (make_before_break and p.job_id in online))
+        current, held_replicas, keeps = running[p.job_id]
         if p is not last:
             # an online proposal comes once per risk level, as consecutive rows: its
             # offerings' configs and their relation to what runs are the same each time
@@ -127,26 +141,35 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
             where = [(off, p.config.with_(offering=off.id), keeps(p.config, off.id),
                       (p.config, off.id) in current)
                      for off in offers_by_accel.get(p.config.accelerator, [])]
+        shrink = 1.0
+        if estimate_sd is not None and uncertainty_z > 0 and current:
+            tried = live[p.job_id][0].config
+            shrink = math.exp(-uncertainty_z * max(estimate_sd(p.config)
+                                                   - estimate_sd(tried), 0.0))
         for off, config, keeps_gpus, is_current in where:
+            if current and not is_current and p.job_id in held:
+                continue
+
             if measured is not None:
                 if (i, off.id) not in measured:
                     continue
                 rate, goodput = measured[(i, off.id)]
                 feasible = rate > 0
             usd = off.usd_per_gpu_hour * p.config.gpus_per_replica
+            margin = 1.0 if is_current else shrink
             rows["in_place"].append(keeps_gpus)
             rows["job_id"].append(p.job_id)
             rows["candidate_id"].append(f"{i}@{off.id}")
             rows["offering"].append(off.id)
             rows["gpus"].append(p.config.gpus_per_replica)
-            rows["goodput"].append(goodput)
+            rows["goodput"].append(goodput * margin)
             rows["usd"].append(usd)
-            rows["rate"].append(rate)
+            rows["rate"].append(rate * margin)
             rows["preempt"].append(min(off.preemption_rate_per_hour * RECLAIM_LOSS_H, 1.0))
             rows["current"].append(is_current)
             # moving re-provisions every replica the job holds now
             rows["churn"].append(0.0 if is_current or not current
-                                 else churn_hours * usd * max(held, 1))
+                                 else churn_hours * usd * max(held_replicas, 1))
             rows["feasible"].append(bool(feasible))
             rows["risk"].append(float(ev.slo_risk[i]))
             configs.append(config)

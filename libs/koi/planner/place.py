@@ -8,8 +8,11 @@ deployments and emits the least disruptive actions that get there:
 * same configuration and offering → SCALE when the replica count differs (this also
   re-places replicas lost to spot preemption or a stock-out);
 * same offering, new parallelism or engine knobs → RELAUNCH (the ranks restart) on the
-  same GPUs per replica; with ``reshard_batch`` a batch job may also be re-sharded there
-  to another number of GPUs per replica (its work waits through the restart);
+  same GPUs per replica for a batch job; with ``reshard_batch`` a batch job may also be
+  re-sharded there to another number of GPUs per replica (its work waits through the
+  restart). An online job changes shape make-before-break (a SWAP on the same offering)
+  with ``make_before_break``; only where the offering can never hold both ends at once
+  does it relaunch, and the action's reason says so;
 * anything else → SWAP, make-before-break (the old deployment serves until the new one
   is ready);
 * rejected → REJECT (and STOP anything running); deferred → DEFER with the reason
@@ -32,6 +35,8 @@ from koi.cluster import Action, ActionKind, ClusterSnapshot, Deployment, Deploym
 from koi.space import DeploymentConfig
 
 PARALLELISM_KNOBS = ("tp", "pp", "dp_attention", "ep")
+# the reason an online relaunch gives when the offering cannot hold both ends (koi.churn)
+FORCED_RELAUNCH = "capacity forbids make-before-break"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,15 +102,16 @@ def reshardable(snapshot: ClusterSnapshot, enabled: bool) -> frozenset[str]:
     return frozenset(j.id for j in snapshot.jobs if j.is_batch) if enabled else frozenset()
 
 
-def in_place(live: list[Deployment], *, reshard: bool = False
+def in_place(live: list[Deployment], *, reshard: bool = False, relaunch: bool = True
              ) -> Callable[[DeploymentConfig, str], bool]:
     """For one job's ``live`` deployments: whether running a configuration on an offering
-    keeps one of them on the GPUs it holds — the matching one (scaled in place), or the
-    primary relaunched in place (``reshard``, a batch job: re-sharded too,
-    ``_relaunchable``). Anything else is a swap, whose old GPUs serve until the new
-    deployment is ready. (The job's part is done once: the planner asks per row.)"""
+    keeps one of them on the GPUs it holds — the matching one (scaled in place), or, with
+    ``relaunch`` (not an online job changing shape make-before-break), the primary
+    relaunched in place (``reshard``, a batch job: re-sharded too, ``_relaunchable``).
+    Anything else is a swap, whose old GPUs serve until the new deployment is ready. (The
+    job's part is done once: the planner asks per row.)"""
     shapes = {(_shape(d.config), d.offering) for d in live}
-    source = _relaunch_source(live)
+    source = _relaunch_source(live) if relaunch else None
 
     def keeps(config: DeploymentConfig, offering: str) -> bool:
         return (_shape(config), offering) in shapes or (
@@ -114,9 +120,11 @@ def in_place(live: list[Deployment], *, reshard: bool = False
 
 
 def place(targets: Sequence[Target], snapshot: ClusterSnapshot, *, finished: Sequence[str] = (),
-          migration_budget: int = 4, reshard_batch: bool = False) -> list[Action]:
+          migration_budget: int = 4, reshard_batch: bool = False,
+          make_before_break: bool = True) -> list[Action]:
     """Actions that move the cluster from ``snapshot`` towards ``targets`` (``reshard_batch``:
-    ``_relaunchable``)."""
+    ``_relaunchable``; ``make_before_break``: an online job's change of shape on its
+    offering is a SWAP there, not a RELAUNCH, module docstring)."""
     actions: list[Action] = []
     budget = migration_budget
     batch = {j.id for j in snapshot.jobs if j.is_batch}
@@ -143,7 +151,8 @@ def place(targets: Sequence[Target], snapshot: ClusterSnapshot, *, finished: Seq
                 actions += [Action(ActionKind.DRAIN, t.job_id, f"deferred: {t.reason}",
                                    deployment_id=d.id) for d in live]
             continue
-        new, used = _move(t, live, budget, reshard=t.job_id in reshard)
+        new, used = _move(t, live, budget, reshard=t.job_id in reshard,
+                          swap_in_place=make_before_break and t.job_id not in batch)
         budget -= used
         actions += new
     return _within_free(actions, snapshot)
@@ -155,6 +164,7 @@ def _within_free(actions: list[Action], snapshot: ClusterSnapshot) -> list[Actio
     release only when their replicas empty (a deferred batch job, a scale-down); what
     needs them waits a tick rather than be refused by the cluster."""
     free = {c.offering: c.free_gpus for c in snapshot.capacity}
+    total = {c.offering: c.total_gpus for c in snapshot.capacity}
     deps = {d.id: d for d in snapshot.deployments}
     out = []
     for a in actions:
@@ -162,6 +172,17 @@ def _within_free(actions: list[Action], snapshot: ClusterSnapshot) -> list[Actio
         if a.kind == ActionKind.STOP and dep is not None:
             free[dep.offering] = free.get(dep.offering, 0) + dep.gpus
         offering, need = _gpus_needed(a, dep)
+        if (a.kind == ActionKind.SWAP and dep is not None and a.config is not None
+                and _relaunchable(dep, a.config, a.offering)
+                and need + dep.gpus > total.get(offering, 0)):
+            # both ends can never fit on the offering: the shape changes break-first
+            a = Action(ActionKind.RELAUNCH, a.job_id,
+                       f"{FORCED_RELAUNCH}: the new shape needs {need} GPUs"
+                       f" on {offering} beside the {dep.gpus} it holds, of"
+                       f" {total.get(offering, 0)}; its traffic waits through the restart"
+                       f" ({a.reason})", deployment_id=dep.id, config=a.config,
+                       offering=a.offering, replicas=0)
+            offering, need = _gpus_needed(a, dep)
         if need > free.get(offering, 0):
             a = Action(ActionKind.DEFER, a.job_id, f"waiting for GPUs: needs {need} on "
                        f"{offering}, {free.get(offering, 0)} free now ({a.reason})")
@@ -186,10 +207,11 @@ def _gpus_needed(a: Action, dep: Deployment | None) -> tuple[str, int]:
     return "", 0
 
 
-def _move(t: Target, live: list[Deployment], budget: int, *,
-          reshard: bool = False) -> tuple[list[Action], int]:
-    """Actions for one placed job (``reshard``: a batch job, ``_relaunchable``), and how
-    much migration budget they use."""
+def _move(t: Target, live: list[Deployment], budget: int, *, reshard: bool = False,
+          swap_in_place: bool = False) -> tuple[list[Action], int]:
+    """Actions for one placed job (``reshard``: a batch job, ``_relaunchable``;
+    ``swap_in_place``: an online job, whose change of shape is a make-before-break SWAP),
+    and how much migration budget they use."""
     assert t.config is not None
     cfg = t.config.with_(offering=t.offering, replicas=t.replicas)
     if not live:
@@ -215,7 +237,7 @@ def _move(t: Target, live: list[Deployment], budget: int, *,
     if budget <= 0:
         return [Action(ActionKind.DEFER, t.job_id,
                        f"migration budget spent this tick; keeping {primary.id} ({t.reason})")], 0
-    if not _relaunchable(primary, cfg, t.offering, reshard):
+    if swap_in_place or not _relaunchable(primary, cfg, t.offering, reshard):
         return [Action(ActionKind.SWAP, t.job_id, t.reason, deployment_id=primary.id,
                        config=cfg, offering=t.offering, replicas=t.replicas)], 1
     # a relaunch on as many GPUs per replica keeps its replica count (0; the next tick

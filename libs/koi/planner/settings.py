@@ -17,6 +17,7 @@ from pydantic.dataclasses import dataclass
 
 from koi.compose import ComposeWeights
 from koi.planner.candidates import Measure
+from koi.planner.churn_settings import ChurnSettings
 from koi.planner.propose import ProposerLimits
 from koi.predictor.calibration import Calibration
 
@@ -101,6 +102,11 @@ class KoiSettings:
     churn_hours: float = Field(
         default=1.0, ge=0.0, le=1000.0,
         description="A move costs this many hours of the new replicas' price.")
+    churn: InstanceOf[ChurnSettings] = Field(
+        default_factory=ChurnSettings.from_env,
+        description="Plan stability: make-before-break for online shape changes, the "
+                    "scale-down window and band, the cool-down, the move price and the "
+                    "per-job limits (KOI_CHURN_*; koi.planner.churn_settings).")
     rate_headroom: float = Field(
         default=1.1, gt=0.0, le=10.0,
         description="Plan each online job for this multiple of its observed rate.")

@@ -53,10 +53,18 @@ from koi.planner.explain import Explanation, explain_choices
 from koi.planner.place import Target, place
 from koi.planner.propose import Hints, MechanismHint, Proposal, propose
 from koi.planner.settings import KoiSettings
+from koi.planner.stability import (
+    ChurnMemory,
+    estimate_sd,
+    held_jobs,
+    remember,
+    stabilise,
+)
 from koi.predictor.api import evaluate_matrix, predict_many
 from koi.predictor.features import build_inputs
 from koi.predictor.passes import pass_curves
 from koi.predictor.types import LoadMode, Prediction, Workload
+from koi.space import DeploymentConfig
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,7 @@ class KoiState:
     # tick serves the backlog that queued while it started)
     running: frozenset[str] = frozenset()
     steady: frozenset[str] = frozenset()
+    churn: ChurnMemory = field(default_factory=ChurnMemory)
 
     @staticmethod
     def initial(settings: KoiSettings) -> KoiState:
@@ -103,6 +112,7 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     (the language-model hypotheses' tests, ``koi.rlm.adopt.widen``) before evaluation."""
     stage: dict[str, float] = {}
     t0 = time.perf_counter()
+    memory = remember(state.churn, snapshot)
     observations = observe(snapshot, telemetry, state.steady, settings, catalog)
     beliefs, calibrator, abs_error = learn_from(observations, state.beliefs,
                                                 state.calibrator, snapshot.tick, settings)
@@ -120,11 +130,12 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     stage["evaluate"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    plan = compose_stage(ev, snapshot, settings, catalog)
+    plan = compose_stage(ev, snapshot, settings, catalog, beliefs)
     stage["compose"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    decision = place_stage(plan, snapshot, settings)
+    decision, memory = place_stable(plan_targets(plan), plan_notes(plan), snapshot,
+                                    settings, memory)
     stage["place"] = time.perf_counter() - t
     stage["total"] = time.perf_counter() - t0
 
@@ -133,7 +144,7 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
                          calibrator, settings, catalog)
     running = running_deployments(snapshot)
     return decision, report, KoiState(beliefs, calibrator, snapshot.tick, running,
-                                      running & state.running)
+                                      running & state.running, memory)
 
 
 def tick_report(snapshot: ClusterSnapshot, plan: ComposePlan | None,
@@ -224,17 +235,39 @@ def evaluate_stage(proposals: Sequence[Proposal], snapshot: ClusterSnapshot,
 
 
 def compose_stage(ev: Evaluated, snapshot: ClusterSnapshot, settings: KoiSettings,
-                  catalog: Catalog) -> ComposePlan:
+                  catalog: Catalog, beliefs: BeliefStore | None = None) -> ComposePlan:
+    """The composed plan; a job ``stability.held_jobs`` holds (pinned, cooling down)
+    keeps its placement (only its current configuration is offered) and its reason
+    says why. With ``beliefs`` and ``KOI_CHURN_UNCERTAINTY_Z`` a running job's other
+    options are discounted by their estimate's uncertainty (``stability.estimate_sd``)."""
+    held = held_jobs(snapshot, settings.churn)
+    sd = None
+    if beliefs is not None and settings.churn.uncertainty_z > 0 and settings.use_beliefs:
+        by_scope: dict[Scope, float] = {}
+
+        def sd(config: DeploymentConfig) -> float:
+            scope = scope_of(config, catalog)
+            if scope not in by_scope:
+                by_scope[scope] = estimate_sd(beliefs, scope)
+            return by_scope[scope]
     active = active_jobs(snapshot)
     loads = job_loads(active, snapshot, settings.rate_headroom)
     measured = settings.measure(ev, snapshot) if settings.measure else None
-    table, capacity = scored_candidates(ev, snapshot, catalog, settings.churn_hours,
-                                        reshard_batch=settings.reshard_batch,
-                                        measured=measured)
+    table, capacity = scored_candidates(
+        ev, snapshot, catalog, settings.churn_hours, reshard_batch=settings.reshard_batch,
+        measured=measured, make_before_break=settings.churn.make_before_break,
+        held=frozenset(held), estimate_sd=sd, uncertainty_z=settings.churn.uncertainty_z)
     demands = job_demands(active, loads, snapshot, ev, batch_pace=settings.batch_pace)
-    return compose(ComposeInput(jobs=demands, candidates=table, capacity=capacity,
-                                weights=settings.weights, top_k=settings.top_k,
+    weights = replace(settings.weights, move_value_h=settings.churn.move_value_h) \
+        if settings.churn.move_value_h else settings.weights
+    plan = compose(ComposeInput(jobs=demands, candidates=table, capacity=capacity,
+                                weights=weights, top_k=settings.top_k,
                                 time_limit_s=settings.compose_time_limit_s))
+    if not held:
+        return plan
+    return replace(plan, choices=tuple(
+        replace(c, reason=f"{c.reason}; {held[c.job_id]}") if c.job_id in held else c
+        for c in plan.choices))
 
 
 def explain_stage(plan: ComposePlan, ev: Evaluated, snapshot: ClusterSnapshot,
@@ -269,8 +302,19 @@ def place_targets(targets: Sequence[Target], notes: dict[str, str],
     finished = [j.id for j in snapshot.jobs if job_finished(j, snapshot.time_s)]
     actions = place(targets, snapshot, finished=finished,
                     migration_budget=settings.migration_budget,
-                    reshard_batch=settings.reshard_batch)
+                    reshard_batch=settings.reshard_batch,
+                    make_before_break=settings.churn.make_before_break)
     return PlanDecision(tick=snapshot.tick, actions=tuple(actions), notes=dict(notes))
+
+
+def place_stable(targets: Sequence[Target], notes: dict[str, str], snapshot: ClusterSnapshot,
+                 settings: KoiSettings, memory: ChurnMemory
+                 ) -> tuple[PlanDecision, ChurnMemory]:
+    """``place_targets`` after the placer's holds (``stability.stabilise``: the scale-down
+    window, the per-job move limit), with ``memory`` already brought up to ``snapshot``;
+    the memory to keep for the next tick."""
+    held, memory = stabilise(targets, snapshot, memory, settings.churn)
+    return place_targets(held, notes, snapshot, settings), memory
 
 
 # --- learn ----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from koi.action_checks import ActionRefused, placed_config
 from koi.catalog import Offering
+from koi.churn import placement_key
 from koi.cluster import Action, ActionKind, ActionOutcome
 from koi.space import DeploymentConfig
 
@@ -79,7 +80,8 @@ def _launch(sim: Simulator, a: Action) -> None:
     _need(sim, off.id, n * cfg.gpus_per_replica)
     dep = sim.new_deployment(js, cfg.with_(replicas=n), off, n)
     sim.emit("launch", js.spec.id, f"{n}×{cfg.accelerator} tp{cfg.tp} pp{cfg.pp}"
-             f" {cfg.engine} on {off.id}: {a.reason}", dep.id)
+             f" {cfg.engine} on {off.id}: {a.reason}", dep.id,
+             after=placement_key(cfg, off.id))
 
 
 def _scale(sim: Simulator, a: Action) -> None:
@@ -90,8 +92,10 @@ def _scale(sim: Simulator, a: Action) -> None:
         raise Refused(f"replicas must be >= 1 (got {a.replicas}); use DRAIN or STOP")
     live = sum(1 for s in dep.slots if not s.draining)
     _need(sim, dep.offering.id, max(a.replicas - live, 0) * dep.config.gpus_per_replica)
+    planned = dep.desired   # the count before: equal to a.replicas for a repair
     sim.fleet.scale(dep, a.replicas, sim.now)
-    sim.emit("scale", dep.job.id, f"{live} → {a.replicas} replicas: {a.reason}", dep.id)
+    sim.emit("scale", dep.job.id, f"{live} → {a.replicas} replicas: {a.reason}", dep.id,
+             before=str(planned), after=str(a.replicas))
 
 
 def _swap(sim: Simulator, a: Action) -> None:
@@ -103,7 +107,8 @@ def _swap(sim: Simulator, a: Action) -> None:
     dep = sim.new_deployment(js, cfg.with_(replicas=n), off, n)
     dep.replaces = old.id
     sim.emit("swap", old.job.id, f"{old.id} → {dep.id} ({n}×{cfg.accelerator} tp{cfg.tp}"
-             f" on {off.id}), make-before-break: {a.reason}", dep.id)
+             f" on {off.id}), make-before-break: {a.reason}", dep.id,
+             before=placement_key(old.config, old.offering.id), after=placement_key(cfg, off.id))
 
 
 def _relaunch(sim: Simulator, a: Action) -> None:
@@ -116,9 +121,12 @@ def _relaunch(sim: Simulator, a: Action) -> None:
     # the action's replicas when given: a re-shard (other GPUs per replica) changes them
     replicas = a.replicas if a.replicas > 0 else dep.desired
     _need(sim, off.id, replicas * cfg.gpus_per_replica - held)
+    before = placement_key(dep.config, off.id)
     sim.fleet.relaunch(dep, cfg.with_(replicas=replicas), sim.now)
+    sim.relaunched(dep)
     sim.emit("relaunch", dep.job.id, f"tp{cfg.tp} pp{cfg.pp} {cfg.engine},"
-             f" down {sim.fleet.relaunch_ready_s(cfg):.0f}s: {a.reason}", dep.id)
+             f" down {sim.fleet.relaunch_ready_s(cfg):.0f}s: {a.reason}", dep.id,
+             before=before, after=placement_key(cfg, off.id))
 
 
 def _drain(sim: Simulator, a: Action) -> None:

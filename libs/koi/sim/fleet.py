@@ -96,6 +96,9 @@ class Fleet:
         self.events: list[EventRecord] = []
         self.evicted: list[tuple[str, Req, str]] = []   # (job id, request, reason)
         self.spend = 0.0
+        # per job: GPU-seconds held by replicas still starting, and by draining ones
+        self.startup_gpu_s: dict[str, float] = {}
+        self.drain_gpu_s: dict[str, float] = {}
         self.tick = 0
         self.t0 = 0.0
         self._slot_serial = 0
@@ -115,8 +118,9 @@ class Fleet:
         self.used[offering] -= gpus
         assert self.used[offering] >= 0
 
-    def emit(self, t: float, kind: str, job_id: str, detail: str = "", dep: str = "") -> None:
-        self.events.append(EventRecord(t, self.tick, kind, job_id, detail, dep))
+    def emit(self, t: float, kind: str, job_id: str, detail: str = "", dep: str = "",
+             before: str = "", after: str = "") -> None:
+        self.events.append(EventRecord(t, self.tick, kind, job_id, detail, dep, before, after))
 
     # --- deployments ---------------------------------------------------------------------
 
@@ -195,6 +199,7 @@ class Fleet:
         for slot in list(dep.slots):
             self.remove_slot(dep, slot, now, "relaunch")
         dep.config = cfg
+        dep.started_s = now   # restarted: the placement is new (the planner's cool-down)
         dep.coef = step_coef(cfg, self.cat, self.world, dep.offering)
         extra = self.world.relaunch_cost_s - self.world.provisioning_of(dep.offering.cloud)
         for _ in range(n):
@@ -275,8 +280,15 @@ class Fleet:
             self.emit(t1, "drain", old.job.id, f"swap to {dep.id} complete", old.id)
 
     def _accrue(self, dep: Dep, slot: Slot, t: float) -> None:
-        dt = max(t - max(slot.held_since, self.t0), 0.0)
+        start = max(slot.held_since, self.t0)
+        dt = max(t - start, 0.0)
         gpu_s = slot.gpus * dt
+        job = dep.job.id
+        if slot.draining:
+            self.drain_gpu_s[job] = self.drain_gpu_s.get(job, 0.0) + gpu_s
+        elif slot.ready_at > start:
+            up = slot.gpus * max(min(t, slot.ready_at) - start, 0.0)
+            self.startup_gpu_s[job] = self.startup_gpu_s.get(job, 0.0) + up
         cost = gpu_s * dep.offering.usd_per_gpu_hour / 3600.0
         dep.gpu_s_tick += gpu_s
         dep.cost_tick += cost

@@ -38,6 +38,10 @@ class JobState:
         self.dropped: dict[str, float] = {}
         self.in_flight = 0.0                  # weighted requests on replicas
         self.arrived_tick = 0.0
+        # moves' cost (koi.churn): weighted requests disrupted, and of those dropped;
+        # [from, to) s: a relaunch left the job no replica (Simulator.relaunched)
+        self.disrupted = self.dropped_by_move = 0.0
+        self.move_gap = (0.0, 0.0)
         # batch
         self.issued = 0.0
         self.tokens_processed = self.tokens_by_deadline = 0.0
@@ -95,6 +99,14 @@ class JobState:
 
     def drop(self, r: Req, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0.0) + r.w
+        if r.moved:
+            self.dropped_by_move += r.w
+
+    def disrupt(self, r: Req) -> None:
+        """Count ``r`` as disrupted by a move (once, however many moves it meets)."""
+        if not r.moved:
+            r.moved = True
+            self.disrupted += r.w
 
     # --- completions ---------------------------------------------------------------------
 
@@ -187,6 +199,7 @@ class JobState:
             return record(served_requests=self.served,
                           served_output_tokens=self.served_tokens,
                           queued_at_end=spec.num_requests - self.served,
+                          disrupted_requests=self.disrupted,
                           tokens_requested=float(spec.total_output_tokens),
                           tokens_by_deadline=self.tokens_by_deadline,
                           tokens_processed=self.tokens_processed)
@@ -197,7 +210,8 @@ class JobState:
                       ttft_met_requests=self.ttft_met, tpot_met_requests=self.tpot_met,
                       good_output_tokens=self.good_tokens,
                       served_output_tokens=self.served_tokens,
-                      queued_at_end=queued_reqs)
+                      queued_at_end=queued_reqs, disrupted_requests=self.disrupted,
+                      dropped_by_move=self.dropped_by_move)
 
 
 def batch_group(spec: ReplicaSpec, inp: int, out: int) -> float:

@@ -45,8 +45,8 @@ class Req:
     """One simulated request (or a group of ``w`` identical ones)."""
 
     __slots__ = ("alive", "arrival", "cum", "done_t", "first", "g0", "gen", "gen0", "hseq",
-                 "inp", "job", "lag", "n", "net", "offs", "out", "pre_left", "pre_start",
-                 "pre_tot", "w")
+                 "inp", "job", "lag", "moved", "n", "net", "offs", "out", "pre_left",
+                 "pre_start", "pre_tot", "w")
 
     def __init__(self, job: int, arrival: float, inp: int, out: int, w: float,
                  net: float) -> None:
@@ -70,6 +70,7 @@ class Req:
         self.pre_start = 0.0    # when its prefill reached the head of the prefill queue
         self.alive = False      # in the decoding set (heap entries are deleted lazily)
         self.hseq = 0           # id of its live heap entry; older entries are stale
+        self.moved = False      # disrupted by a policy's move (evicted, or waited it out)
 
     def members(self, prompts: list[int]) -> None:
         """Time the group as ``len(prompts)`` members with these prompt lengths, each

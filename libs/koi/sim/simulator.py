@@ -44,6 +44,9 @@ from koi.sim.world import WorldParams, load_world
 from koi.space import DeploymentConfig
 
 STREAM_JOB = 21
+# eviction reasons that are a policy's move (the rest are the world's — preemption,
+# stock-out — or an end: a STOP of a finished or rejected job is not a move)
+MOVE_EVICTIONS = frozenset({"relaunch", "scaled_down"})
 QUARANTINED = "quarantined"   # the reason prefix of a job taken out because it raised
 
 
@@ -141,8 +144,17 @@ class Simulator:
 
     # --- helpers for actions -------------------------------------------------------------
 
-    def emit(self, kind: str, job_id: str, detail: str = "", dep: str = "") -> None:
-        self.fleet.emit(self.now, kind, job_id, detail, dep)
+    def emit(self, kind: str, job_id: str, detail: str = "", dep: str = "",
+             before: str = "", after: str = "") -> None:
+        self.fleet.emit(self.now, kind, job_id, detail, dep, before, after)
+
+    def relaunched(self, dep: Dep) -> None:
+        """After ``dep`` restarted its ranks: if nothing else of its job serves, the
+        job's new arrivals until a replica is back wait out the move (``JobState.move_gap``)."""
+        js = self.jobs[dep.job.id]
+        if not self._serving(js, self.now, self.now + 1e-6):
+            back = min((s.ready_at for s in dep.slots), default=self.now)
+            js.move_gap = (self.now, max(back, js.move_gap[1]))
 
     def new_deployment(self, js: JobState, cfg: DeploymentConfig, off: Offering,
                        replicas: int) -> Dep:
@@ -194,6 +206,10 @@ class Simulator:
         slots = self._serving(js, t0, t1)
         todo = list(js.queue) + reqs
         js.queue.clear()
+        gap0, gap1 = js.move_gap
+        for r in reqs:   # arrivals while a move left the job no replica
+            if gap0 <= r.arrival < gap1:
+                js.disrupt(r)
         if not slots:
             js.queue.extend(todo)
             return
@@ -297,6 +313,8 @@ class Simulator:
         to the job's queue if another replica serves it, else drop with the reason."""
         for job_id, r, reason in self.fleet.evicted:
             js = self.jobs[job_id]
+            if reason in MOVE_EVICTIONS:
+                js.disrupt(r)
             if js.is_batch:
                 js.queue.append(r)  # already issued; the feeder re-feeds it first
             elif reason in ("stopped",):
@@ -335,8 +353,11 @@ class Simulator:
         for dep in self.fleet.deps.values():
             for s in dep.slots:
                 queued[dep.job.id] += s.engine.outstanding
-        outcomes = tuple(js.outcome(self.scenario.horizon_s, queued[j])
-                         for j, js in self.jobs.items())
+        fl = self.fleet
+        outcomes = tuple(dataclasses.replace(
+            js.outcome(self.scenario.horizon_s, queued[j]),
+            startup_gpu_s=fl.startup_gpu_s.get(j, 0.0), drain_gpu_s=fl.drain_gpu_s.get(j, 0.0))
+            for j, js in self.jobs.items())
         return RunRecord(self.scenario.name, policy, self.seed, self.scenario.horizon_s,
                          self.scenario.tick_s, self.fleet.spend, outcomes,
                          tuple(self.timeline), tuple(self.fleet.events), self.fraction)

@@ -66,7 +66,8 @@ def _build(prefix: str, renames: dict[str, str], cls: Any, *args: Any, **kwargs:
 
 def job_to_proto(job: JobSpec) -> jobs_pb2.JobSpec:
     msg = jobs_pb2.JobSpec(id=job.id, model=job.model, priority=job.priority,
-                           submit_s=job.submit_s)
+                           submit_s=job.submit_s, pinned=job.pinned,
+                           max_moves_per_hour=job.max_moves_per_hour)
     if isinstance(job, OnlineJob):
         on = msg.online
         _arrival_to_proto(job.arrival, on.arrival)
@@ -135,7 +136,8 @@ def job_from_proto(msg: jobs_pb2.JobSpec, *, catalog: Catalog | None = None) -> 
         raise _err("model", "missing (required)")
     model = model_id(Ctx(SOURCE, catalog=catalog), {"model": msg.model})
     priority = msg.priority if msg.HasField("priority") else DEFAULT_PRIORITY
-    common = {"id": msg.id, "model": model, "priority": priority, "submit_s": msg.submit_s}
+    common = {"id": msg.id, "model": model, "priority": priority, "submit_s": msg.submit_s,
+              "pinned": msg.pinned, "max_moves_per_hour": msg.max_moves_per_hour}
     if kind == "online":
         return _online_from_proto(msg.online, common)
     return _batch_from_proto(msg.batch, common)

@@ -1,0 +1,78 @@
+"""The fleet's churn settings (``KOI_CHURN_*``): one pydantic model, every field with a
+default, a description and its bounds; what the holds do is ``koi.planner.stability``.
+Kept apart so the services' variable list can read it without importing the planner.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ENV_PREFIX = "KOI_CHURN_"
+
+
+class ChurnSettings(BaseModel):
+    """The fleet's churn settings. Defaults chosen on development seeds (NOTES.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    make_before_break: bool = Field(
+        True, description="An online job changes shape on its offering make-before-break "
+        "(a swap there), relaunching in place only where both ends can never fit.")
+    scale_down_window_s: float = Field(
+        600.0, ge=0.0, le=86_400.0, description="A job keeps the highest replica count "
+        "planned for its placement over this window (0: scale down at once). At least the "
+        "flap window (10 min), so a scale-down never follows a scale-up within it.")
+    scale_down_band: int = Field(
+        1, ge=0, le=16, description="Replicas a scale-down must clear: a job scales down "
+        "only when the most planned over the window is more than this many below what it "
+        "runs, and then to that most plus this many (0: to the most planned).")
+    cooldown_s: float = Field(
+        900.0, ge=0.0, le=86_400.0, description="A job placed (launched, swapped or "
+        "relaunched) less than this long ago keeps its placement (it may still scale).")
+    move_value_h: float = Field(
+        0.0, ge=0.0, le=10.0, description="A move that changes a running job's placement "
+        "costs this many hours of the job's demand value in the composer's objective.")
+    uncertainty_z: float = Field(
+        0.0, ge=0.0, le=5.0, description="A running job's options are valued at their "
+        "capacity × exp(−z·sd), sd the posterior spread of the pass belief their scope "
+        "reads (widened by the prior's when it is backed off from a broader scope), so a "
+        "move must beat the tried configuration by more than its estimate's uncertainty "
+        "(0: off).")
+    default_max_moves_per_hour: float = Field(
+        0.0, ge=0.0, le=3600.0, description="Moves per hour a job may make when its spec "
+        "sets no max_moves_per_hour (0: no limit).")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ChurnSettings:
+        """Defaults overridden by ``KOI_CHURN_<FIELD>``; a bad value raises ValueError
+        naming the variable."""
+        env = os.environ if environ is None else environ
+        given = {name: env[ENV_PREFIX + name.upper()] for name in cls.model_fields
+                 if ENV_PREFIX + name.upper() in env}
+        try:
+            return cls.model_validate(given)
+        except ValidationError as err:
+            bad = "; ".join(f"{ENV_PREFIX}{str(e['loc'][0]).upper()}: {e['msg']}"
+                            for e in err.errors(include_input=False, include_url=False))
+            raise ValueError(bad) from None
+
+    @classmethod
+    def env_table(cls) -> dict[str, tuple[str, str]]:
+        """``KOI_CHURN_*`` name → (default as the environment spells it, meaning): the
+        services' one list of variables takes these from here."""
+        return {ENV_PREFIX + name.upper(): (str(f.default).lower() if isinstance(f.default, bool)
+                                            else f"{f.default:g}", f.description or "")
+                for name, f in cls.model_fields.items()}
+
+    @classmethod
+    def off(cls) -> ChurnSettings:
+        """Every hold off: the planner as it was before plan stability."""
+        return cls(make_before_break=False, scale_down_window_s=0.0, scale_down_band=0,
+                   cooldown_s=0.0,
+                   move_value_h=0.0, uncertainty_z=0.0, default_max_moves_per_hour=0.0)
+
+
+__all__ = ["ENV_PREFIX", "ChurnSettings"]

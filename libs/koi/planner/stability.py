@@ -1,0 +1,166 @@
+"""Plan stability: what keeps Koi from moving a job more often than its gain is worth.
+
+Four holds, each with a setting in ``ChurnSettings`` (``KOI_CHURN_<FIELD>`` overrides):
+
+* **scale-down stabilisation** (``scale_down_window_s``, as the Kubernetes HPA's): the
+  placer keeps a job at the highest replica count planned for its placement over the
+  window, so a replica added for a burst is not taken away the next tick and added back
+  the one after; growth is immediate. With ``scale_down_band`` the count must also fall
+  more than that many replicas below what runs (a dead band: a plan that wavers
+  between n and n+1 on a noisy rate keeps n+1);
+* **cool-down** (``cooldown_s``): a job placed (launched or swapped) less than this long
+  ago keeps its configuration and offering in the composer (it may still scale);
+* **operator limits** from the job spec: ``pinned`` (never moved; scales only) and
+  ``max_moves_per_hour`` (its swaps, relaunches and scale changes in the last hour; at
+  the limit the placer keeps what it runs);
+* the composer prices each move (``move_value_h`` hours of the job's demand value,
+  ``koi.compose``), so a move must gain more than a few minutes of the job's worth to
+  be made; and, with ``uncertainty_z``, values a running job's options at their
+  capacity less ``z`` posterior sds of the estimate behind it (``estimate_sd``), so an
+  untried scope that inherits a broad belief does not win on less than its uncertainty.
+
+``held_jobs`` (the composer's holds) reads the snapshot alone, so every evaluator
+replica agrees; ``stabilise`` (the placer's) needs ``ChurnMemory`` — the plans and moves
+of earlier ticks, brought up to date by ``remember`` — which the in-process planner keeps
+in ``KoiState`` and the bus placer in its process. Each hold's reason reaches the plan's
+choice or the action, and so ``koi explain`` and the event log. Pure: no I/O, time
+comes from the snapshot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from koi.causal.observe import attribute
+from koi.causal.scope import Scope
+from koi.causal.store import BeliefStore
+from koi.cluster import ClusterSnapshot, Deployment, DeploymentState
+from koi.planner.churn_settings import ENV_PREFIX, ChurnSettings
+from koi.planner.place import Target
+from koi.space import DeploymentConfig
+
+HOUR_S = 3600.0
+
+
+@dataclass(frozen=True)
+class ChurnMemory:
+    """What the placer's holds remember between ticks (the bus placer keeps its own: it
+    is the single leader that sees every tick, as the HPA's controller keeps its window)."""
+
+    # job → ((time, placement key, planned replicas), …) of the plans within the window
+    plans: Mapping[str, tuple[tuple[float, str, int], ...]] = field(default_factory=dict)
+    # deployment id → (job, placement key, planned replicas) at the last snapshot
+    seen: Mapping[str, tuple[str, str, int]] = field(default_factory=dict)
+    # job → times of its moves (any kind) within the last hour
+    moves: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+
+
+def _key(config: DeploymentConfig, offering: str) -> str:
+    return f"{config.with_(offering='', replicas=1)!r}@{offering}"
+
+
+def _live(snapshot: ClusterSnapshot) -> list[Deployment]:
+    return [d for d in snapshot.deployments
+            if d.state in (DeploymentState.RUNNING, DeploymentState.STARTING)]
+
+
+def remember(memory: ChurnMemory, snapshot: ClusterSnapshot) -> ChurnMemory:
+    """``memory`` brought up to ``snapshot``: the moves the fleet shows happened since the
+    last one (a new deployment of a job that had one, a deployment whose placement or
+    planned replicas changed), each job's kept for an hour."""
+    now = snapshot.time_s
+    had = {job for job, _, _ in memory.seen.values()}
+    moves = {k: kept for k, v in memory.moves.items()
+             if (kept := tuple(t for t in v if now - t < HOUR_S))}
+    seen = {}
+    for d in _live(snapshot):
+        key, n = _key(d.config, d.offering), d.config.replicas
+        seen[d.id] = (d.job_id, key, n)
+        before = memory.seen.get(d.id)
+        moved = d.job_id in had if before is None else before[1:] != (key, n)
+        if moved:
+            moves[d.job_id] = (*moves.get(d.job_id, ()), now)
+    return replace(memory, seen=seen, moves=moves)
+
+
+def held_jobs(snapshot: ClusterSnapshot, settings: ChurnSettings) -> dict[str, str]:
+    """Jobs the composer may not move this tick → why, from the snapshot alone (so every
+    evaluator replica agrees): pinned by their spec, or placed less than ``cooldown_s``
+    ago (their newest live deployment's start: a swap's successor, or a first launch)."""
+    now = snapshot.time_s
+    newest: dict[str, float] = {}
+    for d in _live(snapshot):
+        newest[d.job_id] = max(newest.get(d.job_id, d.started_s), d.started_s)
+    out = {}
+    for j in snapshot.jobs:
+        if j.spec.pinned:
+            out[j.id] = "held back: pinned by its spec (it scales only)"
+        elif j.id in newest and settings.cooldown_s > 0 \
+                and now - newest[j.id] < settings.cooldown_s:
+            out[j.id] = (f"held back: cooling down, placed {now - newest[j.id]:.0f} s ago"
+                         f" (cool-down {settings.cooldown_s:.0f} s)")
+    return out
+
+
+def estimate_sd(beliefs: BeliefStore, scope: Scope) -> float:
+    """The uncertainty (log sd) of what the plan reads for ``scope``: the posterior sd of
+    the pass (base-regime TPOT) belief the lookup finds, widened by the prior's sd when
+    that belief is a broader scope's (the scope may differ from its average by that
+    much) — so an untried scope inheriting a broad belief is as uncertain as it is."""
+    found = beliefs.lookup(attribute("tpot", None, beliefs.regimes), scope)
+    if found.scope == scope:
+        return found.sd
+    return math.hypot(found.sd, beliefs.config.prior_sd)
+
+
+def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: ChurnMemory,
+              settings: ChurnSettings) -> tuple[list[Target], ChurnMemory]:
+    """The placer's holds on the plan's ``targets`` (``memory`` already ``remember``-ed
+    this snapshot): a job at its move limit keeps what it runs; a scale-down keeps the
+    highest count planned for the same placement within ``scale_down_window_s``. Each
+    held target's reason says so. Returns the targets and the memory with this plan."""
+    now = snapshot.time_s
+    window = settings.scale_down_window_s
+    primary: dict[str, Deployment] = {}
+    for live in _live(snapshot):
+        if live.state == DeploymentState.RUNNING and live.job_id not in primary:
+            primary[live.job_id] = live
+    plans = {k: kept for k, v in memory.plans.items()
+             if (kept := tuple(p for p in v if now - p[0] < window))}
+    jobs = {j.id: j for j in snapshot.jobs}
+    out = []
+    for t in targets:
+        d = primary.get(t.job_id)
+        if t.decision != "place" or t.config is None or d is None:
+            out.append(t)
+            continue
+        key, planned = _key(t.config, t.offering), d.config.replicas
+        same = key == _key(d.config, d.offering)
+        status = jobs.get(t.job_id)
+        limit = (status.spec.max_moves_per_hour if status is not None else 0.0) \
+            or settings.default_max_moves_per_hour
+        recent = len(memory.moves.get(t.job_id, ()))
+        if limit and recent >= limit and not (same and t.replicas == planned):
+            out.append(replace(t, config=d.config, offering=d.offering, replicas=planned,
+                               reason=f"{t.reason}; held back: {recent} moves in the last"
+                                      f" hour, its limit is {limit:g} per hour"))
+            continue
+        if window > 0:
+            plans[t.job_id] = (*plans.get(t.job_id, ()), (now, key, t.replicas))
+        if same and t.replicas < planned and window > 0:
+            peak = max(r for _, k, r in plans[t.job_id] if k == key)
+            band = settings.scale_down_band
+            keep = planned if peak + band >= planned else max(t.replicas, peak + band)
+            if keep != t.replicas:
+                t = replace(t, replicas=keep, reason=f"{t.reason}; scale-down held: "
+                            f"{t.replicas} planned, keeping {keep} (the most planned in "
+                            f"the last {window:.0f} s: {peak}"
+                            + (f", and a band of {band})" if band else ")"))
+        out.append(t)
+    return out, replace(memory, plans=plans)
+
+
+__all__ = ["ENV_PREFIX", "ChurnMemory", "ChurnSettings", "estimate_sd", "held_jobs",
+           "remember", "stabilise"]

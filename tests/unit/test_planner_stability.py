@@ -1,0 +1,124 @@
+"""Plan stability holds, tick by tick with an explicit clock: the composer's (pinned,
+cool-down) from the snapshot, the placer's (scale-down window, move limit) with memory;
+KOI_CHURN_* settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from koi.cluster import ClusterSnapshot, Deployment, DeploymentState, JobStatus
+from koi.jobs import parse_job
+from koi.planner.place import Target
+from koi.planner.stability import ChurnMemory, ChurnSettings, held_jobs, remember, stabilise
+from koi.space import engine_default_config
+
+OFF = "aws/us-east-1/h100-sxm/on_demand"
+S = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, cooldown_s=900.0)
+
+
+def job(**extra) -> JobStatus:
+    spec = parse_job({"kind": "online", "id": "a", "model": "llama-3.1-8b",
+                      "arrival": {"rate_rps": 2}, "input_len": 500, "output_len": 100,
+                      "slo": {"ttft_ms": 1000, "tpot_ms": 50}, **extra})
+    return JobStatus(spec=spec, admitted=True, rejected=False)
+
+
+def cfg(**knobs):
+    return engine_default_config("llama-3.1-8b", "h100-sxm", "vllm", **knobs)
+
+
+def dep(did: str = "d1", replicas: int = 4, started: float = 0.0, **knobs) -> Deployment:
+    return Deployment(did, "a", cfg(**knobs).with_(offering=OFF, replicas=replicas), OFF,
+                      DeploymentState.RUNNING, replicas, 0, started)
+
+
+def snap(t: float, deps=(), jobs=None) -> ClusterSnapshot:
+    return ClusterSnapshot(int(t // 120), t, 120.0, 36000.0, (), tuple(deps),
+                           tuple(jobs if jobs is not None else [job()]))
+
+
+def target(replicas: int, **knobs) -> Target:
+    return Target("a", "place", "plan", cfg(**knobs), OFF, replicas)
+
+
+def test_scale_down_keeps_the_most_planned_in_the_window_growth_is_at_once():
+    m = ChurnMemory()
+    s0 = snap(0, [dep(replicas=4)])
+    (t,), m = stabilise([target(4)], s0, remember(m, s0), S)
+    s1 = snap(120, [dep(replicas=4)])
+    (t,), m = stabilise([target(3)], s1, remember(m, s1), S)
+    assert t.replicas == 4 and "scale-down held: 3 planned, keeping 4" in t.reason
+    s2 = snap(360, [dep(replicas=4)])
+    (t,), m = stabilise([target(3)], s2, remember(m, s2), S)
+    assert t.replicas == 3                    # the 4 of tick 0 left the window
+    (t,), _ = stabilise([target(6)], s2, m, S)
+    assert t.replicas == 6
+
+
+def test_without_a_window_the_plan_passes_through():
+    off = ChurnSettings.off()
+    s = snap(120, [dep(replicas=4)])
+    (t,), _ = stabilise([target(2)], s, remember(ChurnMemory(), s), off)
+    assert t.replicas == 2 and t.reason == "plan"
+
+
+def test_cool_down_from_the_newest_deployment_and_pinned_from_the_spec():
+    s = snap(300, [dep("d1", started=0.0), dep("d2", started=180.0)])
+    assert held_jobs(s, S)["a"].startswith("held back: cooling down, placed 120 s ago")
+    assert held_jobs(snap(1200, [dep(started=180.0)]), S) == {}
+    pinned = snap(5000, [dep()], [job(pinned=True)])
+    assert "pinned" in held_jobs(pinned, S)["a"]
+
+
+def test_moves_are_read_off_the_fleet_a_repair_is_not_one():
+    m = remember(ChurnMemory(), snap(0, [dep(replicas=2)]))
+    m = remember(m, snap(120, [dep(replicas=2)]))
+    assert m.moves == {}
+    m = remember(m, snap(240, [dep(replicas=3)]))
+    m = remember(m, snap(360, [dep(replicas=3, max_num_seqs=64)]))
+    m = remember(m, snap(480, [dep(replicas=3, max_num_seqs=64), dep("d2", replicas=3)]))
+    assert m.moves["a"] == (240, 360, 480)
+    assert remember(m, snap(240 + 3600, [])).moves["a"] == (360, 480)
+
+
+def test_a_job_at_its_move_limit_keeps_what_it_runs():
+    m = ChurnMemory(moves={"a": (0.0, 100.0)})
+    s = snap(200, [dep(replicas=4)], [job(max_moves_per_hour=2)])
+    (t,), _ = stabilise([target(6, max_num_seqs=64)], s, m, S)
+    assert t.replicas == 4 and t.config.max_num_seqs == cfg().max_num_seqs
+    assert "2 moves in the last hour, its limit is 2 per hour" in t.reason
+    fleet = ChurnSettings(default_max_moves_per_hour=1.0)
+    (t,), _ = stabilise([target(6)], snap(200, [dep(replicas=4)]), m, fleet)
+    assert t.replicas == 4 and "limit is 1 per hour" in t.reason
+
+
+def test_settings_from_the_environment_name_the_bad_variable():
+    s = ChurnSettings.from_env({"KOI_CHURN_COOLDOWN_S": "60",
+                                "KOI_CHURN_MAKE_BEFORE_BREAK": "false"})
+    assert s.cooldown_s == 60.0 and not s.make_before_break
+    with pytest.raises(ValueError, match="KOI_CHURN_SCALE_DOWN_WINDOW_S"):
+        ChurnSettings.from_env({"KOI_CHURN_SCALE_DOWN_WINDOW_S": "-1"})
+
+
+def test_an_untried_scope_is_as_uncertain_as_the_prior_and_the_belief_together():
+    from koi.catalog import load_catalog
+    from koi.causal.scope import scope_of
+    from koi.causal.store import BeliefStore
+    from koi.planner.stability import estimate_sd
+
+    store = BeliefStore()
+    scope = scope_of(cfg(), load_catalog())
+    prior = store.config.prior_sd
+    assert estimate_sd(store, scope) == pytest.approx((2 * prior ** 2) ** 0.5)
+
+
+def test_a_dead_band_keeps_a_plan_wavering_by_one():
+    banded = ChurnSettings(scale_down_window_s=300.0, scale_down_band=1)
+    m = ChurnMemory()
+    s = snap(0, [dep(replicas=4)])
+    (t,), m = stabilise([target(3)], s, remember(m, s), banded)
+    assert t.replicas == 4 and "a band of 1" in t.reason
+    (t,), m = stabilise([target(2)], snap(120, [dep(replicas=4)]), m, banded)
+    assert t.replicas == 4                        # the window's most (3) is within the band
+    (t,), _ = stabilise([target(1)], snap(600, [dep(replicas=4)]), m, banded)
+    assert t.replicas == 2                        # the window's most is 1: to 1 + the band
