@@ -2,9 +2,10 @@
 
 Four tables: the services' ``KOI_*`` variables (``ServiceSettings`` and the credential
 variables), the language-model layer's ``KOI_RLM_*`` (``RlmSettings``), the planner's
-churn holds ``KOI_CHURN_*`` (``ChurnSettings``) and the planner's ``KoiSettings`` fields (set in code: a policy's variant, not the environment). Each row
-is a field's default, bounds and description, so the page cannot drift from the code
-(a test compares it). Formatting only.
+churn holds ``KOI_CHURN_*`` (``ChurnSettings``) and the planner's ``KoiSettings``
+fields (set in code: a policy's variant, not the environment). Each row is a field's
+default, bounds and description, so the page cannot drift from the code (a test
+compares it). Formatting only.
 """
 
 from __future__ import annotations
