@@ -47,6 +47,18 @@ def _code(text: str) -> str:
     return f"`{text}`" if text else ""
 
 
+def _model_table(title: str, prefix: str, fields: dict[str, Any]) -> list[str]:
+    """A heading and one row per field of a model whose fields are ``prefix`` + NAME
+    variables (their defaults and meanings as ``ENV`` has them)."""
+    out = ["", f"## {title}", "", "| variable | default | bounds | meaning |", "|---|---|---|---|"]
+    for name, field in fields.items():
+        var = prefix + name.upper()
+        default, meaning = ENV[var]
+        out.append(f"| `{var}` | {_code(default)} | {_cell(bounds(field))} | "
+                   f"{_cell(meaning)} |")
+    return out
+
+
 def markdown() -> str:
     """The whole page."""
     out = ["# Settings",
@@ -69,28 +81,12 @@ def markdown() -> str:
                    f"{_cell(meaning)} |")
     for var, (default, meaning) in CREDENTIAL_ENV.items():
         out.append(f"| `{var}` | {_code(default)} |  | {_cell(meaning)} |")
-    out += ["",
-            "## The language-model layer's variables (docs/RLM.md)",
-            "",
-            "| variable | default | bounds | meaning |",
-            "|---|---|---|---|"]
-    for name, field in RlmSettings.model_fields.items():
-        var = RLM_PREFIX + name.upper()
-        default, meaning = ENV[var]
-        out.append(f"| `{var}` | {_code(default)} | {_cell(bounds(field))} | "
-                   f"{_cell(meaning)} |")
+    out += _model_table("The language-model layer's variables (docs/RLM.md)", RLM_PREFIX,
+                        RlmSettings.model_fields)
     key_file = RLM_PREFIX + "API_KEY_FILE"
     out.append(f"| `{key_file}` |  |  | {_cell(ENV[key_file][1])} |")
-    out += ["",
-            "## The planner's churn holds (docs/PLANNER.md)",
-            "",
-            "| variable | default | bounds | meaning |",
-            "|---|---|---|---|"]
-    for name, field in ChurnSettings.model_fields.items():
-        var = CHURN_PREFIX + name.upper()
-        default, meaning = ENV[var]
-        out.append(f"| `{var}` | {_code(default)} | {_cell(bounds(field))} | "
-                   f"{_cell(meaning)} |")
+    out += _model_table("The planner's churn holds (docs/PLANNER.md)", CHURN_PREFIX,
+                        ChurnSettings.model_fields)
     out += ["",
             "## The planner's settings (`KoiSettings`)",
             "",
