@@ -63,7 +63,8 @@ def _tick(tick: int, dep_id: str) -> DeploymentTelemetry:
                 "gen_tokens": 1e4 + tick, "preemptions": 1.0, "replica_preemptions": 0,
                 "gpu_seconds": 60.0, "cost_usd": 0.1},
         ttft=rng.lognormal(-1.5, 0.7, n), tpot=rng.lognormal(-3.5, 0.4, n), weights=w,
-        means={"kv": 0.3, "running": 9.0, "waiting": 1.0})
+        means={"kv": 0.3, "running": 9.0, "waiting": 1.0},
+        end={"running": 8.0, "waiting": 2.0})
 
 
 @pytest_asyncio.fixture
@@ -139,8 +140,10 @@ async def test_baselines_windows_failures_and_a_restart(bus: Bus, service) -> No
         for want in sent:
             have = got[want.deployment_id]
             for f in ("requests_finished", "prompt_tokens", "generation_tokens",
-                      "num_running", "kv_cache_usage", "ttft_mean_s"):
+                      "num_running_end", "kv_cache_usage", "ttft_mean_s"):
                 assert getattr(have, f) == pytest.approx(getattr(want, f), rel=1e-9), f
+            # the pages' gauges are the queue at the window's end
+            assert have.num_running == pytest.approx(want.num_running_end, rel=1e-9)
         # one of d1's two replicas stops answering: d1 is left out, d2 is read
         batch = await sim.tick(2, [_tick(1, "d1"), _tick(1, "d2")],
                                gone=("/replicas/d1/1/metrics",))
