@@ -100,7 +100,7 @@ def test_churn_markdown_from_run_records_and_older_runs_without_churn():
     koi_row = next(line for line in text.splitlines() if "| koi |" in line)
     assert "| 1 | 1 |" in koi_row.replace(".0 |", " |") and "1/1/0/0" in koi_row
     old_row = next(line for line in text.splitlines() if "| melange |" in line)
-    assert "nan" in old_row and "not recorded" in old_row
+    assert "—" in old_row and "nan" not in old_row and "not recorded" in old_row
 
 
 def test_online_relaunches_and_those_capacity_forced():

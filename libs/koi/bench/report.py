@@ -261,7 +261,7 @@ CHURN_COLUMNS: tuple[tuple[str, str, str], ...] = (
 def churn_markdown(records: Sequence[Record], *, by_scenario: bool = True) -> str:
     """Churn per (scenario, policy) — or per policy over every scenario — as mean ±
     half-range over runs (``koi.churn``); runs recorded before churn was (no ``churn``
-    block) make their row's cells nan, never a mean over the rest."""
+    block) make their row's cells "—", never a mean over the rest."""
     groups: dict[tuple[str, str], list[Record]] = {}
     for r in records:
         key = (str(r["scenario"]) if by_scenario else "all", str(r["policy"]))
@@ -271,14 +271,15 @@ def churn_markdown(records: Sequence[Record], *, by_scenario: bool = True) -> st
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for (scn, pol), runs in groups.items():
         churns: list[dict[str, Any] | None] = [r.get("churn") for r in runs]
-        cells = [recorded_stat([None if c is None else c.get(k) for c in churns]).text(f)
-                 for k, _, f in CHURN_COLUMNS]
         known = [c for c in churns if c is not None]
         if len(known) == len(churns):
+            cells = [recorded_stat([c.get(k) for c in known]).text(f)
+                     for k, _, f in CHURN_COLUMNS]
             tot = [sum(int(c["moves"].get(k, 0)) for c in known)
                    for k in ("scale_up", "scale_down", "swap", "relaunch")]
             kinds = "/".join(map(str, tot))
-        else:
+        else:   # a mean over the runs that have it would read as the group's
+            cells = ["—"] * len(CHURN_COLUMNS)
             kinds = "not recorded"
         where = scn if by_scenario else str(len({r["scenario"] for r in runs}))
         lines.append("| " + " | ".join([where, pol, str(len(runs)), *cells, kinds]) + " |")
