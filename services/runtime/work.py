@@ -23,7 +23,9 @@ Work = Callable[[bytes], Awaitable[bytes]]
 
 
 async def serve_work(bus: Bus, subject: str, queue: str, work: Work):
-    """Answer work items on ``subject`` as one member of ``queue``."""
+    """Answer work items on ``subject`` as one member of ``queue``. Returns once the
+    server has the subscription (a flush), so a request sent after it finds a responder
+    even from another connection (CI saw 'no responders' on a loaded machine)."""
 
     async def on_item(msg) -> None:
         try:
@@ -32,7 +34,9 @@ async def serve_work(bus: Bus, subject: str, queue: str, work: Work):
         except Exception as exc:  # the coordinator times out and does it itself
             log.warning("work_item_failed", subject=subject, error=repr(exc))
 
-    return await bus.nc.subscribe(subject, queue=queue, cb=on_item)
+    sub = await bus.nc.subscribe(subject, queue=queue, cb=on_item)
+    await bus.nc.flush()
+    return sub
 
 
 async def share(bus: Bus, subject: str, items: Sequence[bytes], work: Work,
