@@ -181,8 +181,9 @@ class ServiceSettings:
         default="json", description="json (structlog JSON lines) | console")
     replica: int = Field(default=0, ge=0, le=10_000, description="replica index of this "
                          "process (queue groups, leader election)")
-    lease_ttl_s: float = Field(default=5.0, ge=0.1, le=3600.0, description="placer leader "
-                               "lease: seconds before a standby takes over")
+    lease_ttl_s: float = Field(default=5.0, ge=0.1, le=3600.0, description="leader leases "
+                               "(the placer's, and the proposer's for hypothesis rounds): "
+                               "seconds before a standby takes over")
     eval_shard: int = Field(default=2000, ge=1, le=10_000_000,
                             description="candidates per evaluator work item")
     nats_auth: InstanceOf[NatsAuth] = Field(
