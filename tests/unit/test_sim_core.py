@@ -91,12 +91,18 @@ def test_startup_time_is_provisioning_plus_weight_load() -> None:
     assert rec.jobs[0].dropped_requests > 0  # the first ~100 s of arrivals timed out
 
 
-def test_swap_is_make_before_break() -> None:
+def _chat_running_five_ticks() -> Simulator:
+    """One online job on one replica, five ticks in (the replica is serving)."""
     sc = tiny_scenario([online_job("chat", rate=4)], horizon_s=1500)
     sim = Simulator(sc, seed=0)
     sim.apply(PlanDecision(0, (_launch("chat"),)))
     for _ in range(5):
         sim.advance()
+    return sim
+
+
+def test_swap_is_make_before_break() -> None:
+    sim = _chat_running_five_ticks()
     old = sim.snapshot().deployments[0]
     assert old.replicas_ready == 1
     swap = Action(ActionKind.SWAP, "chat", "test", deployment_id=old.id,
@@ -484,11 +490,7 @@ def test_no_telemetry_shows_a_negative_latency_or_queue() -> None:
 def _changed_shape(kind: ActionKind):
     """An online job's change of knobs on its offering as ``kind``, from a running
     deployment at tick 5, then the run to its end; the record."""
-    sc = tiny_scenario([online_job("chat", rate=4)], horizon_s=1500)
-    sim = Simulator(sc, seed=0)
-    sim.apply(PlanDecision(0, (_launch("chat"),)))
-    for _ in range(5):
-        sim.advance()
+    sim = _chat_running_five_ticks()
     old = sim.snapshot().deployments[0]
     move = Action(kind, "chat", "test", deployment_id=old.id, config=_cfg(max_num_seqs=128),
                   offering=OD, replicas=1 if kind == ActionKind.SWAP else 0)

@@ -335,7 +335,7 @@ def histogram_quantile(q: float, h: Histogram) -> float:
         return h.sum / total
     rank = q * total
     c = h.cumulative
-    b = next((i for i in range(len(h.bounds)) if c[i] >= rank), len(h.bounds))
+    b = _rank_bucket(h, rank)
     if b == len(h.bounds):
         return h.bounds[-1]
     if b == 0 and h.bounds[0] <= 0:
@@ -362,24 +362,28 @@ def quantile_estimate(q: float, h: Histogram) -> float:
     it (or above the largest bound, for a rank in ``+Inf``). Without a bound inside (all
     in one bucket) or a positive mean, the answer is ``histogram_quantile``'s."""
     total = h.count
-    linear = histogram_quantile(q, h)
     if total <= 0 or not h.bounds or h.sum <= 0 or not 0.0 < q < 1.0:
-        return linear
+        return histogram_quantile(q, h)
     c = h.cumulative
     zs = [(float(ndtri(c[i] / total)), b) for i, b in enumerate(h.bounds)
           if 0.0 < c[i] < total and b > 0]
     pts = [(z, math.log(b)) for z, b in zs if math.isfinite(z)]   # a fraction can round
     # to 0 or 1 (a subnormal count), whose probit is infinite
     if not pts:
-        return linear
+        return histogram_quantile(q, h)
     log_mean = math.log(h.sum / total)
     sigma = _lognormal_sigma(pts, log_mean)
     value = math.exp(log_mean - sigma * sigma / 2 + sigma * float(ndtri(q)))
-    rank = q * total
-    b = next((i for i in range(len(h.bounds)) if c[i] >= rank), len(h.bounds))
+    b = _rank_bucket(h, q * total)
     lo = h.bounds[b - 1] if b > 0 else 0.0
     hi = h.bounds[b] if b < len(h.bounds) else math.inf
     return min(max(value, lo), hi)
+
+
+def _rank_bucket(h: Histogram, rank: float) -> int:
+    """The bucket whose cumulative count first reaches ``rank`` (``len(bounds)``: +Inf)."""
+    c = h.cumulative
+    return next((i for i in range(len(h.bounds)) if c[i] >= rank), len(h.bounds))
 
 
 def _lognormal_sigma(pts: Sequence[tuple[float, float]], log_mean: float) -> float:
