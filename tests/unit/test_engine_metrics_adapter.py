@@ -35,7 +35,7 @@ from koi.fleet.promql import PromQLError, queries, telemetry
 from koi.fleet.scrape import (
     MAX_TARGETS,
     ScrapeBook,
-    Target,
+    ScrapeTarget,
     TargetsError,
     parse_targets,
     replica_path,
@@ -93,9 +93,9 @@ def test_targets_are_read_with_koi_labels_scheme_and_path() -> None:
     targets, skipped = parse_targets(doc)
     assert skipped == 1
     assert targets == [
-        Target("http://10.0.0.5:8000/metrics", "d1", "j1", "", "vllm"),
-        Target("http://10.0.0.6:8000/metrics", "d1", "j1", "", "vllm"),
-        Target("https://[::1]:9000/x/metrics", "d2")]
+        ScrapeTarget("http://10.0.0.5:8000/metrics", "d1", "j1", "", "vllm"),
+        ScrapeTarget("http://10.0.0.6:8000/metrics", "d1", "j1", "", "vllm"),
+        ScrapeTarget("https://[::1]:9000/x/metrics", "d2")]
 
 
 def test_the_simulators_document_reads_back() -> None:
@@ -139,7 +139,7 @@ def _page_of(counters: ReplicaCounters, version: str = "vllm-0.34.0"):
 def test_first_scrape_is_a_baseline_then_windows_give_the_tick_back() -> None:
     deps = (_dep("d1", 2),)
     reps = [ReplicaCounters(MODEL), ReplicaCounters(MODEL)]
-    targets = [Target(f"http://h:1/{i}", "d1", "job-d1") for i in range(2)]
+    targets = [ScrapeTarget(f"http://h:1/{i}", "d1", "job-d1") for i in range(2)]
     split_tick(_tick(0, "d1", 1), reps)   # traffic before the first scrape: never counted
     book = ScrapeBook()
     out, book = book.step(_snap(1, *deps), [(t, _page_of(r)) for t, r in zip(targets, reps, strict=True)],
@@ -163,7 +163,7 @@ def test_first_scrape_is_a_baseline_then_windows_give_the_tick_back() -> None:
 def test_a_replica_that_cannot_be_read_leaves_its_deployment_out() -> None:
     deps = (_dep("d1", 2), _dep("d2", 1))
     r1, r2, r3 = (ReplicaCounters(MODEL) for _ in range(3))
-    t = [Target("http://h:1/a", "d1"), Target("http://h:1/b", "d1"), Target("http://h:1/c", "d2")]
+    t = [ScrapeTarget("http://h:1/a", "d1"), ScrapeTarget("http://h:1/b", "d1"), ScrapeTarget("http://h:1/c", "d2")]
     _, book = ScrapeBook().step(_snap(1, *deps),
                                 [(t[0], _page_of(r1)), (t[1], _page_of(r2)),
                                  (t[2], _page_of(r3))], CAT)
@@ -183,7 +183,7 @@ def test_a_replica_that_cannot_be_read_leaves_its_deployment_out() -> None:
 def test_the_book_moves_only_when_committed_and_a_retry_reads_the_same() -> None:
     deps = (_dep("d1", 1),)
     r = ReplicaCounters(MODEL)
-    t = Target("http://h:1/a", "d1")
+    t = ScrapeTarget("http://h:1/a", "d1")
     _, book = ScrapeBook().step(_snap(1, *deps), [(t, _page_of(r))], CAT)
     split_tick(_tick(1, "d1", 4), [r])
     first, _ = book.step(_snap(2, *deps), [(t, _page_of(r))], CAT)
@@ -194,7 +194,7 @@ def test_the_book_moves_only_when_committed_and_a_retry_reads_the_same() -> None
 def test_the_snapshots_job_wins_over_disagreeing_labels() -> None:
     deps = (_dep("d1", 2),)
     a, b = ReplicaCounters(MODEL), ReplicaCounters(MODEL)
-    ta, tb = Target("http://h:1/a", "d1", "stale-label"), Target("http://h:1/b", "d1")
+    ta, tb = ScrapeTarget("http://h:1/a", "d1", "stale-label"), ScrapeTarget("http://h:1/b", "d1")
     _, book = ScrapeBook().step(_snap(1, *deps), [(ta, _page_of(a)), (tb, _page_of(b))], CAT)
     split_tick(_tick(1, "d1", 6), [a, b])
     out, _ = book.step(_snap(2, *deps), [(ta, _page_of(a)), (tb, _page_of(b))], CAT)
@@ -203,7 +203,7 @@ def test_the_snapshots_job_wins_over_disagreeing_labels() -> None:
 
 def test_a_new_deployment_on_an_old_url_or_a_repeated_snapshot_is_a_baseline() -> None:
     r = ReplicaCounters(MODEL)
-    t1, t2 = Target("http://h:1/a", "d1"), Target("http://h:1/a", "d9")
+    t1, t2 = ScrapeTarget("http://h:1/a", "d1"), ScrapeTarget("http://h:1/a", "d9")
     _, book = ScrapeBook().step(_snap(1, _dep("d1", 1)), [(t1, _page_of(r))], CAT)
     out, _ = book.step(_snap(2, _dep("d9", 1)), [(t2, _page_of(r))], CAT)
     assert out.telemetry == [] and out.baselines == 1
@@ -214,7 +214,7 @@ def test_a_new_deployment_on_an_old_url_or_a_repeated_snapshot_is_a_baseline() -
 def test_a_replica_that_missed_a_tick_does_not_mix_window_lengths() -> None:
     deps = (_dep("d1", 2),)
     a, b = ReplicaCounters(MODEL), ReplicaCounters(MODEL)
-    ta, tb = Target("http://h:1/a", "d1"), Target("http://h:1/b", "d1")
+    ta, tb = ScrapeTarget("http://h:1/a", "d1"), ScrapeTarget("http://h:1/b", "d1")
     _, book = ScrapeBook().step(_snap(1, *deps), [(ta, _page_of(a)), (tb, _page_of(b))], CAT)
     _, book2 = book.step(_snap(2, *deps), [(ta, _page_of(a))], CAT)   # b not listed
     keep = dict(book2.previous)
@@ -407,7 +407,7 @@ def test_reads_refuse_redirects_and_slow_drips() -> None:
 
 
 def test_replace_keeps_targets_hashable_and_frozen() -> None:
-    t = Target("http://h:1/m", "d")
+    t = ScrapeTarget("http://h:1/m", "d")
     with pytest.raises(dataclasses.FrozenInstanceError):
         t.url = "x"  # type: ignore[misc]
     assert t.key == "http://h:1/m" and {t: 1}[t] == 1

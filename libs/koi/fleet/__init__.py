@@ -25,15 +25,33 @@ from koi.fleet.engine_metrics import (
 )
 from koi.fleet.exposition import ReplicaCounters, render, split_tick
 from koi.fleet.ports import FleetBackend, FleetEvent, TelemetrySource
-from koi.fleet.scrape import ScrapeBook, Target, TargetsError, parse_targets, targets_document
+from koi.fleet.scrape import ScrapeBook, ScrapeTarget, TargetsError, parse_targets, targets_document
 from koi.fleet.sim_pages import ENGINE_LAYOUTS, SimulatedEngines
 
 __all__ = [
-    "ENGINE_LAYOUTS", "EngineScrape", "FleetBackend", "FleetEvent", "Histogram",
-    "MetricsPageError", "ReplicaCounters", "ReplicaWindow", "ScrapeBook", "SimulatedEngines",
-    "SimulatedFleet", "Target", "TargetsError", "TelemetrySource", "histogram_quantile",
-    "merge", "parse_page", "parse_targets", "rebucket", "render", "split_tick",
-    "targets_document", "window",
+    "ENGINE_LAYOUTS",
+    "EngineScrape",
+    "FleetBackend",
+    "FleetEvent",
+    "Histogram",
+    "MetricsPageError",
+    "ReplicaCounters",
+    "ReplicaWindow",
+    "ScrapeBook",
+    "ScrapeTarget",
+    "SimulatedEngines",
+    "SimulatedFleet",
+    "TargetsError",
+    "TelemetrySource",
+    "histogram_quantile",
+    "merge",
+    "parse_page",
+    "parse_targets",
+    "rebucket",
+    "render",
+    "split_tick",
+    "targets_document",
+    "window",
 ]
 
 

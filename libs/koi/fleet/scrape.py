@@ -5,7 +5,7 @@ service-discovery document (``http_sd``: a JSON list of ``{"targets": ["host:por
 "labels": {...}}``) for the replica pages to read, fetches them, and hands the pages to
 this module; everything it decides is decided here:
 
-- ``parse_targets`` — the document as one ``Target`` per replica page (URL, Koi
+- ``parse_targets`` — the document as one ``ScrapeTarget`` per replica page (URL, Koi
   deployment, job, replica, engine). Koi's labels: ``koi_deployment`` (a target without
   it is not Koi's and is skipped), ``koi_job``, ``koi_replica``, ``koi_engine``;
   ``__scheme__`` and ``__metrics_path__`` as Prometheus reads them. ``targets_document``
@@ -40,7 +40,7 @@ from koi.safe_text import printable
 
 __all__ = [
     "LABEL_DEPLOYMENT", "LABEL_ENGINE", "LABEL_JOB", "LABEL_REPLICA", "MAX_TARGETS",
-    "Collected", "ScrapeBook", "Target", "TargetsError", "cost_of", "parse_targets",
+    "Collected", "ScrapeBook", "ScrapeTarget", "TargetsError", "cost_of", "parse_targets",
     "targets_document",
 ]
 
@@ -64,7 +64,7 @@ class TargetsError(KoiError, ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Target:
+class ScrapeTarget:
     """One replica's page: where it is and whose it is."""
 
     url: str
@@ -88,7 +88,7 @@ def _label(labels: Mapping[str, object], name: str) -> str:
     return value
 
 
-def parse_targets(document: str | bytes) -> tuple[list[Target], int]:
+def parse_targets(document: str | bytes) -> tuple[list[ScrapeTarget], int]:
     """The replica pages a ``http_sd`` document lists, and how many targets it listed
     that are not Koi's (no ``koi_deployment`` label). A URL listed twice is kept once."""
     try:
@@ -97,7 +97,7 @@ def parse_targets(document: str | bytes) -> tuple[list[Target], int]:
         raise TargetsError(f"targets document is not JSON: {printable(str(e), 200)}") from None
     if not isinstance(groups, list):
         raise TargetsError("targets document is not a JSON list of target groups")
-    out: dict[str, Target] = {}
+    out: dict[str, ScrapeTarget] = {}
     skipped = 0
     for g in groups:
         if not isinstance(g, dict) or not isinstance(g.get("targets", []), list):
@@ -119,7 +119,7 @@ def parse_targets(document: str | bytes) -> tuple[list[Target], int]:
             if not deployment:
                 skipped += 1
                 continue
-            t = Target(f"{scheme}://{host}{path}", deployment, _label(labels, LABEL_JOB),
+            t = ScrapeTarget(f"{scheme}://{host}{path}", deployment, _label(labels, LABEL_JOB),
                        _label(labels, LABEL_REPLICA), _label(labels, LABEL_ENGINE))
             out.setdefault(t.url, t)
             if len(out) > MAX_TARGETS:
@@ -194,7 +194,7 @@ class ScrapeBook:
     previous: Mapping[str, Previous] = field(default_factory=dict)
 
     def step(self, snapshot: ClusterSnapshot,
-             results: Sequence[tuple[Target, EngineScrape | str]],
+             results: Sequence[tuple[ScrapeTarget, EngineScrape | str]],
              catalog: Catalog) -> tuple[Collected, ScrapeBook]:
         """The telemetry of the window ending at ``snapshot`` from this tick's scrapes
         (``results``: a scrape, or the error text of a target that could not be read),
