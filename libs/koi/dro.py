@@ -39,7 +39,6 @@ from typing import Any
 from koi.causal.observe import OutcomeObservation
 from koi.causal.scope import Scope
 from koi.compress import inflate
-from koi.predictor.types import Prediction
 
 # the documents keep the module's old name: stored states and the wire carry it
 FORMAT = "koi.calibrate/2"
@@ -90,24 +89,6 @@ def miss_share(residual: float, spread: float, radius: float) -> float:
     prediction with log-spread ``spread``: the lognormal tail above SLO = p95_obs ·
     e^(radius − residual), i.e. 1 − Φ(z + (radius − residual) / σ)."""
     return 0.5 * math.erfc((Z95 + (radius - residual) / spread) / math.sqrt(2.0))
-
-
-def widen(prediction: Prediction, radii: Mapping[str, float]) -> Prediction:
-    """The worst case inside ``radii`` (log-space radius by outcome): latencies × e^r,
-    throughput × e^−r, cost per token × e^r; a p95 without its own radius takes its
-    mean's. The one rule for robust outcomes (the planner-api's what-if uses it too)."""
-    def up(name: str, fallback: str = "") -> float:
-        return math.exp(radii.get(name, radii.get(fallback, 0.0)))
-
-    t, t95, p, p95 = up("ttft"), up("ttft_p95", "ttft"), up("tpot"), up("tpot_p95", "tpot")
-    x = up("throughput")
-    return replace(
-        prediction, ttft_ms=prediction.ttft_ms * t, ttft_p50_ms=prediction.ttft_p50_ms * t,
-        ttft_p95_ms=prediction.ttft_p95_ms * t95, tpot_ms=prediction.tpot_ms * p,
-        tpot_p50_ms=prediction.tpot_p50_ms * p, tpot_p95_ms=prediction.tpot_p95_ms * p95,
-        output_throughput_tok_s=prediction.output_throughput_tok_s / x,
-        total_throughput_tok_s=prediction.total_throughput_tok_s / x,
-        cost_per_mtok_usd=prediction.cost_per_mtok_usd * x)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,10 +227,6 @@ class DroCalibrator:
         """Worst case inside the radius: latency × e^r, throughput × e^−r."""
         r = self.radius(outcome)
         return predicted * math.exp(-r if outcome in HIGHER_BETTER else r)
-
-    def robust_prediction(self, prediction: Prediction) -> Prediction:
-        """``prediction`` (already belief-corrected) at its worst case inside the radii."""
-        return widen(prediction, {o: self.radius(o) for o in self.outcomes})
 
     def _known(self, outcome: str) -> None:
         if outcome not in self.outcomes:

@@ -19,7 +19,7 @@ from koi import subjects
 from koi.planner.evaluate import Evaluated
 from koi.planner.propose import Proposal
 from koi.planner.settings import settings_for
-from koi.planner.tick import compose_stage, evaluate_stage, explain_stage
+from koi.planner.tick import TickInputs, compose_stage, evaluate_stage, explain_stage, tick_inputs
 from koi.v1 import work_pb2
 from koi.wire import planning
 from services.evaluator.kernel import CachedKernel
@@ -92,15 +92,22 @@ async def run(ctx: ServiceContext) -> None:
     reader = TickReader(ctx.bus, ctx.settings.stage_deadline_s)
     cache = PredictionCache(ctx.settings.redis_url or None)
     kernel = CachedKernel(cache, settings.backend)
+    last: list[tuple[int, TickInputs]] = []  # the last tick's inputs: its slices share them
+
+    async def inputs_of(tick: int) -> TickInputs:
+        if not last or last[0][0] != tick:
+            snapshot = await reader.snapshot(tick)
+            beliefs, calibrator, _ = await reader.causal(tick)
+            last[:] = [(tick, tick_inputs(snapshot, beliefs, calibrator, settings,
+                                          ctx.catalog))]
+        return last[0][1]
 
     async def work(data: bytes) -> bytes:
         item = work_pb2.EvaluateWork.FromString(data)
-        snapshot = await reader.snapshot(item.tick)
-        beliefs, calibrator, _ = await reader.causal(item.tick)
+        inputs = await inputs_of(item.tick)
         _, _, proposals = await reader.candidates(item.tick)
         h0, m0, s0 = kernel.hits, kernel.misses, kernel.skipped
-        ev = evaluate_stage(proposals[item.start:item.end], snapshot, beliefs, calibrator,
-                            settings, ctx.catalog, kernel=kernel)
+        ev = evaluate_stage(proposals[item.start:item.end], inputs, kernel=kernel)
         return to_slice(item.tick, item.start, item.end, ev,
                         proposals[item.start:item.end], kernel.hits - h0,
                         kernel.misses - m0, kernel.skipped - s0)
@@ -115,8 +122,7 @@ async def run(ctx: ServiceContext) -> None:
         except Exception as exc:
             raise Undecodable(f"candidates: {exc}") from exc
         _, version, proposals = decoded
-        snapshot = await reader.snapshot(tick)
-        beliefs, calibrator, _ = await reader.causal(tick)
+        inputs = await inputs_of(tick)
         slices = job_slices([p.job_id for p in proposals], ctx.settings.eval_shard)
         items = [work_pb2.EvaluateWork(tick=tick, start=a, end=b).SerializeToString()
                  for a, b in slices]
@@ -125,10 +131,9 @@ async def run(ctx: ServiceContext) -> None:
             ctx.bus, subjects.WORK_EVALUATE, items, work, ctx.settings.stage_deadline_s / 2)]
         ev = Evaluated.concat([from_slice(a, proposals) for a in answers])
         t1 = time.perf_counter()
-        plan = compose_stage(ev, snapshot, settings, ctx.catalog, beliefs)
+        plan = compose_stage(ev, inputs)
         t2 = time.perf_counter()
-        explanations = explain_stage(plan, ev, snapshot, beliefs, calibrator, settings,
-                                     ctx.catalog)
+        explanations = explain_stage(plan, ev, inputs)
         await ctx.bus.publish(subjects.tick_subject(tick, "plan"),
                               planning.encode_plan(tick, plan, explanations, version,
                                                    catalog=ctx.catalog),

@@ -1,9 +1,10 @@
 """What-if arithmetic shared by WhatIf and Explain, and Explain's alternatives.
 
 A job's workload, the DRO radii of a causal state, which mechanisms cover a
-configuration, and a prediction's robust outcomes (corrected by the belief store, then
-widened inside the radii, as ``koi.dro`` does). Explain's alternatives are the
-job's other candidates of the decided tick (from the proposer's CandidateBatch), each
+configuration, and the robust predictor of a causal state: the planner's own
+(``koi.planner.robust``: the learnt model, then the worst case inside the radii), so
+that the API's robust numbers are the evaluator's. Explain's alternatives are the job's
+other candidates of the decided tick (from the proposer's CandidateBatch), each
 predicted that way and labelled with why it lost: a robust SLO breach when there is
 one, else the composer's objective.
 
@@ -20,12 +21,13 @@ import structlog
 
 from koi.catalog import Catalog
 from koi.causal.scope import scope_of
-from koi.causal.store import BeliefStore, apply_correction
-from koi.dro import widen
+from koi.causal.store import BeliefStore
 from koi.errors import InvalidConfigError, InvalidSpecError
 from koi.jobs import OnlineJob
+from koi.planner.robust import Kernel, planned_radii, robust_predictions, robustness_fn
+from koi.planner.settings import KoiSettings
 from koi.predictor.types import LoadMode, Prediction, Workload
-from koi.space import DeploymentConfig
+from koi.space import DeploymentConfig, check
 from koi.v1 import bus_pb2, causal_pb2, common_pb2, config_pb2, plan_pb2, plan_service_pb2
 from koi.wire.causal import store_from_proto
 from koi.wire.config import config_from_proto
@@ -40,7 +42,9 @@ MAX_ALTERNATIVES = 8
 RADIUS_ALIASES = {"ttft_ms": "ttft", "ttft_p95_ms": "ttft_p95", "tpot_ms": "tpot",
                   "tpot_p95_ms": "tpot_p95", "output_throughput_tok_s": "throughput",
                   "total_throughput_tok_s": "throughput"}
-Predictor = Callable[[DeploymentConfig, Workload], Prediction]
+# (config, workload) → (nominal, robust) predictions; raises InvalidConfigError for a
+# configuration the predictor cannot run
+RobustPredictor = Callable[[DeploymentConfig, Workload], tuple[Prediction, Prediction]]
 
 
 def job_workload(spec: object) -> Workload:
@@ -85,15 +89,23 @@ def belief_store_of(state: causal_pb2.CausalState) -> BeliefStore | None:
         return None
 
 
-def robust_prediction(pred: Prediction, cfg: DeploymentConfig, catalog: Catalog,
-                      beliefs: BeliefStore | None, radii: dict[str, float]) -> Prediction:
-    """``pred`` corrected by the beliefs of the config's scope, then widened to the worst
-    case inside ``radii`` (latencies × e^r, throughput × e^−r)."""
-    corrected = pred
-    if beliefs is not None:
-        corrected = apply_correction(pred, beliefs.correction(scope_of(cfg, catalog),
-                                                              pred.mediators()))
-    return widen(corrected, radii)
+def robust_predictor(state: causal_pb2.CausalState | None, beliefs: BeliefStore | None,
+                     settings: KoiSettings, catalog: Catalog,
+                     kernel: Kernel | None = None) -> RobustPredictor:
+    """The planner's robust prediction under ``state``: ``beliefs`` (its decoded store;
+    None: the prior model) and its radii, with ``settings``' switches, exactly as the
+    evaluator scores a candidate at its calibrated margin (``koi.planner.robust``).
+    ``kernel`` replaces the predictor's kernel (tests, a cache)."""
+    radii = planned_radii(dro_radii(state) if state is not None else {}, settings)
+    robustness = robustness_fn(beliefs if settings.use_beliefs else None, radii, catalog)
+
+    def predict(cfg: DeploymentConfig, workload: Workload) -> tuple[Prediction, Prediction]:
+        check(cfg, catalog)  # a limit the predictor knows and validation does not
+        return robust_predictions([(cfg, workload)], robustness, catalog=catalog,
+                                  calibration=settings.calibration,
+                                  backend=settings.backend, kernel=kernel)[0]
+
+    return predict
 
 
 # --- Explain's alternatives ---------------------------------------------------------------
@@ -150,8 +162,7 @@ def losing_reason(robust: Prediction, workload: Workload, decision: plan_pb2.Dec
 
 
 def alternatives(candidates: Iterable[plan_pb2.Candidate], workload: Workload,
-                 decision: plan_pb2.Decision, predict: Predictor, catalog: Catalog,
-                 beliefs: BeliefStore | None, radii: dict[str, float]
+                 decision: plan_pb2.Decision, predict: RobustPredictor, catalog: Catalog
                  ) -> list[plan_service_pb2.Alternative]:
     """Each candidate predicted under ``workload``, nominal and robust, with why it lost;
     those meeting the SLO robustly first, then in the proposer's order."""
@@ -160,12 +171,11 @@ def alternatives(candidates: Iterable[plan_pb2.Candidate], workload: Workload,
         alt = plan_service_pb2.Alternative(candidate=c)
         try:
             cfg = config_from_proto(c.config, catalog=catalog)
-            pred = predict(cfg, workload)
+            pred, robust = predict(cfg, workload)
         except (InvalidConfigError, InvalidSpecError) as e:
             alt.reason = f"cannot run here: {e}"
             scored.append((True, alt))
             continue
-        robust = robust_prediction(pred, cfg, catalog, beliefs, radii)
         alt.predicted.CopyFrom(prediction_to_proto(pred))
         alt.robust.CopyFrom(prediction_to_proto(robust).outcomes)
         alt.reason = losing_reason(robust, workload, decision)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 
 from koi import subjects
+from koi.planner.settings import settings_for
 from koi.v1 import causal_pb2, cluster_pb2, hypotheses_pb2, jobs_pb2, plan_pb2
 from services.planner_api.grpc_security import server_credentials
 from services.planner_api.grpc_server import serve
@@ -57,7 +58,7 @@ def feeds(model: ReadModel) -> dict:
 
 
 async def run(ctx: ServiceContext) -> None:
-    model = ReadModel(catalog=ctx.catalog)
+    model = ReadModel(catalog=ctx.catalog, settings=settings_for(ctx.settings.policy))
     settings = ctx.settings
     server = serve(model, settings.grpc_addr, token=settings.grpc_token or None,
                    credentials=server_credentials(settings.grpc_tls_cert,

@@ -7,8 +7,8 @@ answered from by the gRPC servicer. It keeps
 the last ``max_plans`` plans by tick, every job it has heard of, the latest snapshot's
 deployments, the latest causal state and the last few ticks' candidates, and derives
 each job's state from them. It also answers what-if questions and predicts Explain's
-alternatives with an injected predictor. Thread-safe: one lock
-guards the state; the predictor runs outside it.
+alternatives, robustly as the evaluator does (``alternatives.robust_predictor``).
+Thread-safe: one lock guards the state; the predictor runs outside it.
 
 It must not contain NATS or gRPC code, nor any planning decision: it only reads.
 Query problems are raised as ``InvalidQuery`` / ``NotFound`` / ``FailedPrecondition``
@@ -27,7 +27,9 @@ import structlog
 from koi.catalog import Catalog, load_catalog
 from koi.causal.store import BeliefStore
 from koi.errors import InvalidConfigError, InvalidSpecError
-from koi.predictor.types import LoadMode, Prediction, Workload
+from koi.planner.robust import Kernel
+from koi.planner.settings import KoiSettings, settings_for
+from koi.predictor.types import LoadMode, Workload
 from koi.space import DeploymentConfig, config_hash, validate
 from koi.v1 import (
     bus_pb2,
@@ -43,12 +45,12 @@ from koi.wire.config import KNOB_ENUMS, REQUIRED_IDS, config_from_proto
 from koi.wire.jobs import job_from_proto
 from koi.wire.predictor import prediction_to_proto, workload_from_proto
 from services.planner_api.alternatives import (
+    RobustPredictor,
     alternatives,
     belief_store_of,
-    dro_radii,
     job_workload,
     other_candidates,
-    robust_prediction,
+    robust_predictor,
     scope_covers,
 )
 from services.planner_api.hypotheses import HypothesisBook
@@ -57,7 +59,6 @@ from services.planner_api.watch import PlanWatch
 log = structlog.get_logger(__name__)
 
 MAX_PLANS = 500
-Predictor = Callable[[DeploymentConfig, Workload], Prediction]
 
 JobState = plan_service_pb2.JobState
 PLACE, DEFER, REJECT = (plan_pb2.DECISION_KIND_PLACE, plan_pb2.DECISION_KIND_DEFER,
@@ -105,17 +106,19 @@ class _Job:
 class ReadModel:
     """Plans, jobs, deployments and the causal state, as last heard on the bus.
 
-    ``predict`` is the what-if predictor (default: ``koi.predictor.api.predict_many``
-    on ``catalog``); messages handed to the ``on_*`` feeds are copied, and messages
-    handed out must not be mutated by the caller.
+    Robust predictions follow ``settings`` (the planner's, default Koi's: which outcomes
+    are widened, beliefs and DRO on or off); ``kernel`` replaces the predictor's kernel
+    (default: the numba one). Messages handed to the ``on_*`` feeds are copied, and
+    messages handed out must not be mutated by the caller.
     """
 
-    def __init__(self, *, predict: Predictor | None = None, catalog: Catalog | None = None,
-                 max_plans: int = MAX_PLANS) -> None:
+    def __init__(self, *, kernel: Kernel | None = None, settings: KoiSettings | None = None,
+                 catalog: Catalog | None = None, max_plans: int = MAX_PLANS) -> None:
         if max_plans < 1:
             raise ValueError(f"max_plans must be >= 1 (got {max_plans})")
         self._catalog = catalog
-        self._predict = predict or self._default_predict
+        self._kernel = kernel
+        self._settings = settings or settings_for("koi")
         self._max_plans = max_plans
         self._lock = threading.RLock()
         self._plans: dict[int, plan_pb2.ClusterPlan] = {}
@@ -135,11 +138,6 @@ class ReadModel:
         if self._catalog is None:
             self._catalog = load_catalog()
         return self._catalog
-
-    def _default_predict(self, cfg: DeploymentConfig, workload: Workload) -> Prediction:
-        from koi.predictor.api import predict_many  # numba import only when first used
-
-        return predict_many([(cfg, workload)], catalog=self.catalog)[0]
 
     # --- feeds (one per bus message) ----------------------------------------------------
 
@@ -234,6 +232,12 @@ class ReadModel:
             if self._causal is not None and msg.version < self._causal.version:
                 return
             self._causal, self._beliefs = msg, beliefs
+
+    def _robust_predictor(self) -> tuple[causal_pb2.CausalState | None, RobustPredictor]:
+        """The causal state held and the planner's robust predictor under it."""
+        causal, beliefs = self._belief_store()
+        return causal, robust_predictor(causal, beliefs, self._settings, self.catalog,
+                                        self._kernel)
 
     def _belief_store(self) -> tuple[causal_pb2.CausalState | None, BeliefStore | None]:
         with self._lock:
@@ -351,10 +355,8 @@ class ReadModel:
         if workload.mode == LoadMode.RATE and per_replica > 0:
             # judged at the load each replica of the plan carries, not the whole job's
             workload = replace(workload, load=per_replica)
-        causal, beliefs = self._belief_store()
-        radii = dro_radii(causal) if causal is not None else {}
-        return alternatives(others, workload, decision, self._predict, self.catalog,
-                            beliefs, radii), ""
+        _, predict = self._robust_predictor()
+        return alternatives(others, workload, decision, predict, self.catalog), ""
 
     def watch(self, from_tick: int | None = None,
               notify: Callable[[], None] | None = None) -> PlanWatch:
@@ -389,14 +391,15 @@ class ReadModel:
 
         An undecodable config (a required id or enum missing) is an ``InvalidQuery``; a
         config that decodes but cannot run is answered ``valid=false`` with every
-        violation. Robust outcomes: the prediction corrected by the causal state's belief
-        store when one came with it, then widened to the worst case inside the DRO radii
-        of its ``calibration`` (latencies × e^r, throughput × e^−r, as koi.dro does).
-        Without a belief store only the widening applies.
+        violation. Robust outcomes are the evaluator's at the calibrated margin
+        (``koi.planner.robust``): the learnt model of the causal state's belief store
+        (none: the prior model), then the worst case inside the DRO radii of its
+        ``calibration`` — the p95s and the rate sustained within the SLO are the numbers
+        the planner scored.
         """
         cfg, violations = decode_config(config, self.catalog)
         wl = self._workload(workload, job_id)
-        causal, beliefs = self._belief_store()
+        causal, predict = self._robust_predictor()
         resp = plan_service_pb2.WhatIfResponse(
             causal_state_version=causal.version if causal is not None else 0)
         if cfg is not None:
@@ -405,15 +408,13 @@ class ReadModel:
             resp.violations.extend(violations)
             return resp
         try:
-            pred = self._predict(cfg, wl)
+            pred, robust = predict(cfg, wl)
         except InvalidConfigError as e:  # the predictor knows a limit validation does not
             resp.violations.add(knob=e.knob, reason=e.reason)
             return resp
-        radii = dro_radii(causal) if causal is not None else {}
         resp.valid = True
         resp.predicted.CopyFrom(prediction_to_proto(pred))
-        resp.robust.CopyFrom(prediction_to_proto(
-            robust_prediction(pred, cfg, self.catalog, beliefs, radii)).outcomes)
+        resp.robust.CopyFrom(prediction_to_proto(robust).outcomes)
         if causal is not None:
             resp.mechanism_ids.extend(m.id for m in causal.mechanisms
                                       if m.active and scope_covers(m.scope, cfg, self.catalog))

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import grpc
+import numpy as np
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -24,7 +25,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from koi import subjects
 from koi.catalog import load_catalog
 from koi.causal.store import BeliefStore
-from koi.predictor.types import Prediction, Workload
+from koi.predictor.columns import IN, OUT
 from koi.space import DeploymentConfig, config_hash
 from koi.v1 import (
     bus_pb2,
@@ -304,16 +305,14 @@ def test_explain_latest_placement(api: Running) -> None:
     assert "cites m-gone, not in causal state v3 held here" in resp.summary
 
 
-def predict_real(cfg: DeploymentConfig, workload: Workload) -> Prediction:
-    from koi.predictor.api import predict_many
+def slow_on_l4(X: np.ndarray) -> np.ndarray:
+    """The real kernel, except that every L4 configuration (300 GB/s of HBM) has a 5 s
+    TTFT p95."""
+    from koi.predictor.api import evaluate_matrix
 
-    return predict_many([(cfg, workload)], catalog=CATALOG)[0]
-
-
-def slow_on_l4(cfg: DeploymentConfig, workload: Workload) -> Prediction:
-    """The real predictor, except that every L4 configuration has a 5 s TTFT p95."""
-    pred = predict_real(cfg, workload)
-    return replace(pred, ttft_p95_ms=5000.0) if cfg.accelerator == "l4" else pred
+    Y = evaluate_matrix(X)
+    Y[OUT["ttft_p95"], X[IN["hbm_bw"]] < 1e12] = 5.0
+    return Y
 
 
 def candidate(job_id: str, n: int, cfg: DeploymentConfig) -> plan_pb2.Candidate:
@@ -322,7 +321,7 @@ def candidate(job_id: str, n: int, cfg: DeploymentConfig) -> plan_pb2.Candidate:
 
 
 def test_explain_lists_the_candidates_not_chosen() -> None:
-    model = fed_model(predict=slow_on_l4)
+    model = fed_model(kernel=slow_on_l4)
     l4, seqs64 = replace(CFG, accelerator="l4"), replace(CFG, max_num_seqs=64)
     batch = bus_pb2.CandidateBatch(tick=7, causal_state_version=3, candidates=[
         candidate("chat-a", 0, CFG),      # the one placed: not an alternative
@@ -502,10 +501,10 @@ def test_job_ids_longer_than_any_job_are_refused(api: Running) -> None:
 
 
 def test_a_failing_predictor_is_internal_not_a_crash() -> None:
-    def broken(cfg: object, workload: object) -> object:
+    def broken(X: object) -> object:
         raise RuntimeError("kernel exploded")
 
-    running = Running(fed_model(predict=broken))
+    running = Running(fed_model(kernel=broken))
     try:
         err = rpc_error(running.stub.WhatIf, plan_service_pb2.WhatIfRequest(
             config=config_to_proto(CFG), workload=WORKLOAD))

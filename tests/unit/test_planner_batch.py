@@ -58,7 +58,7 @@ def test_only_the_configured_outcomes_radius_tightens_the_plan() -> None:
     ``dro_outcomes`` names it (the default) and not otherwise; TPOT p95 keeps its own."""
     from koi.causal.store import BeliefStore
     from koi.dro import DroCalibrator
-    from koi.planner.tick import evaluate_stage, propose_stage
+    from koi.planner.tick import evaluate_stage, propose_stage, tick_inputs
 
     chat = JobStatus(spec=parse_job({"kind": "online", "id": "chat", "model": "llama-3.1-8b",
                                      "arrival": {"rate_rps": 2}, "input_len": 800,
@@ -68,7 +68,8 @@ def test_only_the_configured_outcomes_radius_tightens_the_plan() -> None:
     snap = ClusterSnapshot(0, 0.0, 60.0, 3600.0, (OfferingCapacity(H100, 8, 0),), (), (chat,))
     no_ttft = KoiSettings(backend="numpy", dro_outcomes=("tpot_p95", "throughput"))
     props = propose_stage(snap, [], FAST, CAT)
-    ev = {name: evaluate_stage(props, snap, BeliefStore(), DroCalibrator(), s, CAT)
+    ev = {name: evaluate_stage(props, tick_inputs(snap, BeliefStore(), DroCalibrator(), s,
+                                                  CAT))
           for name, s in (("default", FAST), ("no_ttft", no_ttft))}
     assert set(FAST.dro_outcomes) == {"ttft_p95", "tpot_p95", "throughput"}
     ratio_ttft = ev["default"].ttft_p95_ms / ev["no_ttft"].ttft_p95_ms

@@ -151,32 +151,23 @@ def test_learnt_passes_recover_the_capacity_of_a_slower_world(cat) -> None:
     model's, seen at half load, is inverted into a pass belief, and the evaluator's rate
     within SLO for that configuration comes within 10 % of the slower world's (the raw
     model's is far above it)."""
-    from koi.causal import BeliefStore, OutcomeObservation, scope_of
+    from koi.causal import BeliefStore, scope_of
     from koi.cluster import ClusterSnapshot, JobStatus, OfferingCapacity
     from koi.dro import DroCalibrator
     from koi.jobs import parse_job
     from koi.planner.settings import KoiSettings
-    from koi.planner.tick import evaluate_stage
+    from koi.planner.tick import evaluate_stage, tick_inputs
     from koi.predictor.api import evaluate_matrix
     from koi.predictor.columns import OUT
     from koi.predictor.features import build_inputs
-    from koi.predictor.passes import pass_curves, scale_passes
+    from koi.predictor.passes import scale_passes
     from koi.predictor.types import LoadMode, Workload
+    from tests.support.learnt import learnt_pass_store
 
     cfg = engine_default_config("llama-3.1-70b", "h200", "vllm", cat, tp=4)
     run = lambda X: evaluate_matrix(X, backend="numpy")  # noqa: E731
-    X = build_inputs([(cfg, Workload(input_len=1200, output_len=211, mode=LoadMode.RATE,
-                                     load=3.0))], cat)
-    world = run(scale_passes(X, 1.5))
-    observed = {"tpot_ms": float(world[OUT["tpot"], 0]) * 1e3,
-                "ttft_ms": float(world[OUT["ttft"], 0]) * 1e3}
-    curves = pass_curves(X, run)
-    obs = OutcomeObservation("d1", "chat", 1, scope_of(cfg, cat), {}, observed,
-                             weight=5000.0, curves={o: tuple(c[0]) for o, c in curves.items()})
-    store = BeliefStore()
-    for tick in range(1, 9):
-        store = store.update([obs], tick)
-    assert store.online_correction(obs.scope)["pass"] == pytest.approx(1.5, rel=0.1)
+    store = learnt_pass_store(cfg, cat, slower=1.5)
+    assert store.online_correction(scope_of(cfg, cat))["pass"] == pytest.approx(1.5, rel=0.1)
 
     spec = parse_job({"kind": "online", "id": "chat", "model": "llama-3.1-70b",
                       "arrival": {"rate_rps": 4}, "input_len": 1200, "output_len": 211,
@@ -186,9 +177,10 @@ def test_learnt_passes_recover_the_capacity_of_a_slower_world(cat) -> None:
                            (), (JobStatus(spec, admitted=True, rejected=False),))
     proposal = propose("chat", "llama-3.1-70b", ["h200"], cat, current=cfg)[0]
     settings = KoiSettings(backend="numpy", use_dro=False, risk_coverages=())
-    learnt = evaluate_stage([proposal], snap, BeliefStore(), DroCalibrator(), settings, cat)
+    learnt = evaluate_stage([proposal], tick_inputs(snap, BeliefStore(), DroCalibrator(),
+                                                    settings, cat))
     raw_rate = float(learnt.max_rate_rps[0])
-    learnt = evaluate_stage([proposal], snap, store, DroCalibrator(), settings, cat)
+    learnt = evaluate_stage([proposal], tick_inputs(snap, store, DroCalibrator(), settings, cat))
     slo = Workload(input_len=1200, output_len=211, mode=LoadMode.RATE, load=4.4,
                    slo_ttft_ms=1500, slo_tpot_ms=80)
     world_rate = float(run(scale_passes(build_inputs([(cfg, slo)], cat), 1.5))
@@ -257,7 +249,7 @@ def test_a_batch_candidate_takes_the_throughput_belief_of_its_saturated_regime(c
     from koi.dro import DroCalibrator
     from koi.jobs import parse_job
     from koi.planner.settings import KoiSettings
-    from koi.planner.tick import evaluate_stage
+    from koi.planner.tick import evaluate_stage, tick_inputs
     from koi.predictor.api import predict_many
     from koi.predictor.types import LoadMode, Workload
 
@@ -287,8 +279,9 @@ def test_a_batch_candidate_takes_the_throughput_belief_of_its_saturated_regime(c
     proposal = propose("bulk", "llama-3.1-70b", ["h100-sxm"], cat, current=cfg)[0]
     assert proposal.config == cfg
     fast = KoiSettings(backend="numpy", use_dro=False)
-    before = evaluate_stage([proposal], snap, BeliefStore(), DroCalibrator(), fast, cat)
-    after = evaluate_stage([proposal], snap, store, DroCalibrator(), fast, cat)
+    before = evaluate_stage([proposal], tick_inputs(snap, BeliefStore(), DroCalibrator(),
+                                                    fast, cat))
+    after = evaluate_stage([proposal], tick_inputs(snap, store, DroCalibrator(), fast, cat))
     assert after.goodput_tok_s[0] == pytest.approx(learnt * before.goodput_tok_s[0])
 
 

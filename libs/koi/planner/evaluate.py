@@ -13,9 +13,13 @@ the pass the fleet showed, so capacity and queueing delay move with it.
 
 A batch job's replicas run saturated, so its candidates are predicted saturated, and
 their throughput correction is the belief of the regime that prediction puts them in
-(``robustness(proposal, mediators)``): learning files a saturated replica's throughput
+(``robustness(config, mediators)``): learning files a saturated replica's throughput
 error under the edge its mediators pick (above the KV cliff, kv_pressure → throughput),
 and a correction looked up in the base regime would never see it.
+
+The robust prediction itself is ``koi.planner.robust``'s (``robust_rows``), the one the
+explanation and the planner-api use too; this module adds the risk levels, the nominal
+fallback and the per-replica scores.
 
 Outputs are per replica, structure-of-arrays, ready for the composer. No composition,
 no placement, no I/O.
@@ -23,7 +27,6 @@ no placement, no I/O.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 
@@ -31,11 +34,19 @@ import numpy as np
 
 from koi.catalog import Catalog, load_catalog
 from koi.planner.propose import Proposal
+from koi.planner.robust import (
+    NOMINAL,
+    Kernel,
+    Robustness,
+    RobustnessFn,
+    RobustRows,
+    graph_mediators,
+    robust_rows,
+)
 from koi.predictor.api import evaluate_matrix
 from koi.predictor.calibration import Calibration, load_calibration
 from koi.predictor.columns import OUT
 from koi.predictor.features import build_inputs
-from koi.predictor.passes import scale_passes
 from koi.predictor.types import LoadMode, Workload
 
 
@@ -50,38 +61,6 @@ class JobLoad:
     slo_ttft_ms: float = 0.0  # p95 targets (0 = none, e.g. batch)
     slo_tpot_ms: float = 0.0
     batch: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Robustness:
-    """Belief corrections (multipliers on the prediction) and DRO radii (log space)."""
-
-    ttft_mult: float = 1.0
-    tpot_mult: float = 1.0
-    tput_mult: float = 1.0
-    radius_ttft: float = 0.0
-    radius_tpot: float = 0.0
-    radius_tput: float = 0.0
-    # the multiplier on the kernel's forward pass (koi.predictor.passes): an online
-    # candidate is predicted with passes ``pass_mult``× as long in every part, so that
-    # the queueing model runs on the learnt pass — a slower pass lowers the rate a
-    # replica serves and queues it sooner, a faster one raises it (its tpot multiplier
-    # is then the p95 tail factor only, its ttft one TTFT's error beyond the pass).
-    # Before, a slower pass only divided the rate (BENCHMARKS (u)) and a faster one
-    # did nothing. Batch candidates keep 1 and take outcome multipliers of their regime
-    pass_mult: float = 1.0
-
-    @property
-    def ttft_factor(self) -> float:
-        """Robust p95 TTFT ÷ raw prediction: the correction, then the worst case."""
-        return self.ttft_mult * math.exp(self.radius_ttft)
-
-    @property
-    def tpot_factor(self) -> float:
-        return self.tpot_mult * math.exp(self.radius_tpot)
-
-
-NOMINAL = Robustness()
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,27 +123,6 @@ class Evaluated:
         return Evaluated(proposals=tuple(x for p in parts for x in p.proposals), **arrays)
 
 
-def graph_mediators(kv_pressure: float, comm_overhead_frac: float,
-                    queue_util: float) -> dict[str, float]:
-    """Predicted mediators under the causal graph's names (``BeliefStore.correction``)."""
-    return {"kv_pressure": float(kv_pressure), "comm_overhead": float(comm_overhead_frac),
-            "queue_util": float(queue_util)}
-
-
-def _effective_slo(slo_ms: float, mult: float, radius: float) -> float:
-    return slo_ms / (mult * math.exp(radius)) if slo_ms > 0 else 0.0
-
-
-# (N_IN, n) kernel inputs → (N_OUT, n) outputs, column by column (a column depends on
-# its own inputs only, so a cache may answer some columns and compute the rest)
-Kernel = Callable[[np.ndarray], np.ndarray]
-
-
-# robustness(proposal) in the base regime, or robustness(proposal, mediators) in the
-# regime the candidate's predicted mediators (graph names) put it in
-RobustnessFn = Callable[..., Robustness]
-
-
 def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
              robustness: RobustnessFn | None = None,
              levels: Callable[[str], Sequence[RiskLevel]] | None = None,
@@ -180,7 +138,7 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
     rob: list[Robustness] = []
     risk: list[float] = []
     for p in proposals:
-        r = robustness(p) if robustness else NOMINAL
+        r = robustness(p.config) if robustness else NOMINAL
         load = loads[p.job_id]
         if levels is not None and (load.slo_ttft_ms > 0 or load.slo_tpot_ms > 0):
             for lv in levels(p.job_id):
@@ -192,70 +150,50 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
             rob.append(r)
             risk.append(0.0)
     proposals = rows
-    pairs = []
-    for p, r in zip(proposals, rob, strict=True):
-        load = loads[p.job_id]
-        # where the job's load would put one replica: online at its rate, batch saturated
-        mode, rate = ((LoadMode.SATURATED, 0.0) if load.batch else
-                      (LoadMode.RATE, load.rate_rps if load.rate_rps > 0 else 0.1))
-        pairs.append((p.config, Workload(
-            input_len=max(load.input_len, 1.0), output_len=max(load.output_len, 1.0),
-            mode=mode, load=rate,
-            slo_ttft_ms=_effective_slo(load.slo_ttft_ms, r.ttft_mult, r.radius_ttft),
-            slo_tpot_ms=_effective_slo(load.slo_tpot_ms, r.tpot_mult, r.radius_tpot))))
+    # where the job's load would put one replica: online at its rate, batch saturated
+    pairs = [(p.config, _workload(loads[p.job_id])) for p in proposals]
     if not pairs:
         return Evaluated.empty()
     run = kernel or (lambda X: evaluate_matrix(X, backend=backend))
-    # batch rows are corrected after the kernel, in their saturated regime (below)
-    online = np.array([not loads[p.job_id].batch for p in proposals])
-    Y = run(learnt_inputs(pairs, np.where(online, [r.pass_mult for r in rob], 1.0), cat, cal))
-    if robustness is not None:
-        # batch: no SLO to tighten, so the regime's throughput correction can come after
-        for i, p in enumerate(proposals):
-            if loads[p.job_id].batch:
-                rob[i] = robustness(p, graph_mediators(Y[OUT["kv_pressure"], i],
-                                                       Y[OUT["comm_frac"], i],
-                                                       Y[OUT["queue_util"], i]))
-    ev = _score(tuple(proposals), pairs, rob, np.array(risk), loads, Y)
+    robust = robust_rows(pairs, rob, regime=robustness, catalog=cat, calibration=cal,
+                         run=run)
+    ev = _score(tuple(proposals), pairs, robust, np.array(risk), loads)
     # jobs no candidate serves robustly: also the nominal answer, for best-effort service
     lost = {p.job_id for p in proposals} - {p.job_id for p, ok in
                                              zip(proposals, ev.slo_feasible, strict=True) if ok}
     idx = [i for i, p in enumerate(proposals) if p.job_id in lost]
-    if idx and any(r != NOMINAL for r in rob):
-        nominal = [(pairs[i][0], replace(pairs[i][1], slo_ttft_ms=loads[proposals[i].job_id]
-                                         .slo_ttft_ms, slo_tpot_ms=loads[proposals[i].job_id]
-                                         .slo_tpot_ms)) for i in idx]
-        Yn = run(build_inputs(nominal, cat, cal))
+    if idx and any(r != NOMINAL for r in robust.robustness):
+        Yn = run(build_inputs([pairs[i] for i in idx], cat, cal))
         ev.nominal_max_rate_rps[idx] = Yn[OUT["max_rate_slo"]]
     return ev
 
 
-def learnt_inputs(pairs: Sequence[tuple], pass_mult: np.ndarray, catalog: Catalog,
-                  calibration: Calibration | None) -> np.ndarray:
-    """Kernel inputs of (config, workload) ``pairs`` on their learnt passes (``pass_mult``
-    per pair; 1 = as the model has them), as online candidates are predicted."""
-    X = build_inputs(pairs, catalog, calibration)
-    return scale_passes(X, pass_mult) if np.any(pass_mult != 1.0) else X
+def _workload(load: JobLoad) -> Workload:
+    """What one replica of a job is predicted under: online at the job's whole rate (at
+    least 0.1 req/s) with its SLOs, batch saturated."""
+    mode, rate = ((LoadMode.SATURATED, 0.0) if load.batch else
+                  (LoadMode.RATE, load.rate_rps if load.rate_rps > 0 else 0.1))
+    return Workload(input_len=max(load.input_len, 1.0), output_len=max(load.output_len, 1.0),
+                    mode=mode, load=rate, slo_ttft_ms=load.slo_ttft_ms,
+                    slo_tpot_ms=load.slo_tpot_ms)
 
 
-def _score(proposals: tuple[Proposal, ...], pairs: list[tuple], rob: list[Robustness],
-           risk: np.ndarray, loads: Mapping[str, JobLoad], Y: np.ndarray) -> Evaluated:
-    tput_mult = np.array([r.tput_mult * math.exp(-r.radius_tput) for r in rob])
+def _score(proposals: tuple[Proposal, ...], pairs: list[tuple], robust: RobustRows,
+           risk: np.ndarray, loads: Mapping[str, JobLoad]) -> Evaluated:
+    Y, rob = robust.Y, robust.robustness
     out_len = np.array([wl.output_len for _, wl in pairs])
     has_slo = np.array([loads[p.job_id].slo_ttft_ms > 0 or loads[p.job_id].slo_tpot_ms > 0
                         for p in proposals])
     # max_rate_slo already meets the tightened SLOs on the learnt passes; the throughput
     # side of robustness scales the rate a replica can sustain at all
-    robust_rate = Y[OUT["max_rate_slo"]] * np.minimum(tput_mult, 1.0)
-    ttft_mult = np.array([r.ttft_factor for r in rob])
-    tpot_mult = np.array([r.tpot_factor for r in rob])
+    robust_rate = robust.max_rate_rps
     return Evaluated(
         proposals=proposals,
         max_rate_rps=robust_rate,
         nominal_max_rate_rps=Y[OUT["max_rate_slo"]].copy(),
         goodput_tok_s=robust_rate * out_len,
-        ttft_p95_ms=Y[OUT["ttft_p95"]] * 1e3 * ttft_mult,
-        tpot_p95_ms=Y[OUT["tpot_p95"]] * 1e3 * tpot_mult,
+        ttft_p95_ms=robust.ttft_p95_ms,
+        tpot_p95_ms=robust.tpot_p95_ms,
         kv_pressure=Y[OUT["kv_pressure"]].copy(),
         comm_overhead_frac=Y[OUT["comm_frac"]].copy(),
         queue_util=Y[OUT["queue_util"]].copy(),

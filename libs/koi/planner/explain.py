@@ -10,21 +10,18 @@ log can all say the same thing. No decisions here.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-
-import numpy as np
 
 from koi.catalog import Catalog
 from koi.causal.scope import scope_of
 from koi.causal.store import BeliefStore
 from koi.compose import ComposePlan
 from koi.dro import HIGHER_BETTER, DroCalibrator
-from koi.planner.evaluate import Evaluated, JobLoad, Robustness, learnt_inputs
-from koi.planner.propose import Proposal
+from koi.planner.evaluate import Evaluated, JobLoad
+from koi.planner.robust import Robustness, RobustnessFn, robust_rows
 from koi.predictor.api import evaluate_matrix
 from koi.predictor.calibration import Calibration
-from koi.predictor.columns import OUT
 from koi.predictor.types import LoadMode, Workload
 
 
@@ -87,12 +84,13 @@ class Explanation:
 
 def explain_choices(plan: ComposePlan, ev: Evaluated, beliefs: BeliefStore,
                     calibrator: DroCalibrator, catalog: Catalog, loads: Mapping[str, JobLoad],
-                    robustness: Callable[[Proposal], Robustness], *,
+                    robustness: RobustnessFn, *,
                     use_beliefs: bool = True, calibration: Calibration | None = None,
                     backend: str = "numba") -> tuple[Explanation, ...]:
     """One explanation per choice of ``plan``; an online job's robust p95s are predicted
     afresh at the load each of its replicas is planned to carry (``ev`` holds them at
-    the job's whole load on one replica), with the same ``robustness`` as the evaluator."""
+    the job's whole load on one replica), with the same ``robustness`` and the same
+    robust prediction (``koi.planner.robust.robust_rows``) as the evaluator."""
     radii = calibrator.radii()
     at_plan = _robust_p95_at_plan(plan, ev, loads, robustness, catalog, calibration, backend)
     out = []
@@ -139,7 +137,7 @@ def _proposal_index(candidate_id: object) -> int:
 
 
 def _robust_p95_at_plan(plan: ComposePlan, ev: Evaluated, loads: Mapping[str, JobLoad],
-                        robustness: Callable[[Proposal], Robustness], catalog: Catalog,
+                        robustness: RobustnessFn, catalog: Catalog,
                         calibration: Calibration | None, backend: str
                         ) -> dict[str, tuple[float, float, float]]:
     """job → (planned req/s per replica, robust p95 TTFT ms, robust p95 TPOT ms) for
@@ -154,17 +152,16 @@ def _robust_p95_at_plan(plan: ComposePlan, ev: Evaluated, loads: Mapping[str, Jo
         p = ev.proposals[i]
         rate = load.rate_rps / c.replicas
         jobs.append((c.job_id, rate))
-        robust.append(_at_row(robustness(p), ev, i))
+        robust.append(_at_row(robustness(p.config), ev, i))
         pairs.append((p.config, Workload(input_len=max(load.input_len, 1.0),
                                          output_len=max(load.output_len, 1.0),
                                          mode=LoadMode.RATE, load=rate)))
     if not pairs:
         return {}
-    Y = evaluate_matrix(learnt_inputs(pairs, np.array([r.pass_mult for r in robust]),
-                                      catalog, calibration), backend=backend)
-    return {job: (rate, float(Y[OUT["ttft_p95"], j]) * 1e3 * r.ttft_factor,
-                  float(Y[OUT["tpot_p95"], j]) * 1e3 * r.tpot_factor)
-            for j, ((job, rate), r) in enumerate(zip(jobs, robust, strict=True))}
+    rows = robust_rows(pairs, robust, regime=None, catalog=catalog, calibration=calibration,
+                       run=lambda X: evaluate_matrix(X, backend=backend))
+    ttft, tpot = rows.ttft_p95_ms, rows.tpot_p95_ms
+    return {job: (rate, float(ttft[j]), float(tpot[j])) for j, (job, rate) in enumerate(jobs)}
 
 
 def _label(cfg) -> str:

@@ -20,7 +20,6 @@ and behind the services.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,10 +27,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from koi.catalog import Catalog
-from koi.causal.graph import LEARNT_OUTCOMES
 from koi.causal.observe import (
     OutcomeObservation,
-    attribute,
     log_residuals,
     observation_from_telemetry,
 )
@@ -48,10 +45,17 @@ from koi.compose import ComposeInput, ComposePlan, compose
 from koi.dro import OUTCOMES, SLO_OUTCOMES, DroCalibrator
 from koi.lifecycle import job_finished
 from koi.planner.candidates import job_demands, job_loads, scored_candidates
-from koi.planner.evaluate import Evaluated, Kernel, RiskLevel, Robustness, evaluate
+from koi.planner.evaluate import Evaluated, JobLoad, RiskLevel, evaluate
 from koi.planner.explain import Explanation, explain_choices
 from koi.planner.place import Target, place
 from koi.planner.propose import Hints, MechanismHint, Proposal, propose
+from koi.planner.robust import (
+    Kernel,
+    RobustnessFn,
+    calibrated_radii,
+    planned_radii,
+    robustness_fn,
+)
 from koi.planner.settings import KoiSettings
 from koi.planner.stability import (
     ChurnMemory,
@@ -119,18 +123,19 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     stage["learn"] = time.perf_counter() - t0
 
     t = time.perf_counter()
+    inputs = tick_inputs(snapshot, beliefs, calibrator, settings, catalog)
     proposals = propose_stage(snapshot, active_mechanisms(beliefs), settings, catalog,
-                              hints=mediator_hints(observations))
+                              jobs=inputs.jobs, hints=mediator_hints(observations))
     if widen is not None:
         proposals = widen(proposals)
     stage["propose"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    ev = evaluate_stage(proposals, snapshot, beliefs, calibrator, settings, catalog)
+    ev = evaluate_stage(proposals, inputs)
     stage["evaluate"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    plan = compose_stage(ev, snapshot, settings, catalog, beliefs)
+    plan = compose_stage(ev, inputs)
     stage["compose"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -139,7 +144,7 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     stage["place"] = time.perf_counter() - t
     stage["total"] = time.perf_counter() - t0
 
-    explanations = explain_stage(plan, ev, snapshot, beliefs, calibrator, settings, catalog)
+    explanations = explain_stage(plan, ev, inputs)
     report = tick_report(snapshot, plan, explanations, stage, len(ev), abs_error, beliefs,
                          calibrator, settings, catalog)
     running = running_deployments(snapshot)
@@ -156,7 +161,8 @@ def tick_report(snapshot: ClusterSnapshot, plan: ComposePlan | None,
     counts = beliefs.counts(scopes)
     return TickReport(
         tick=snapshot.tick, plan=plan, explanations=explanations, stage_s=stage,
-        candidates=candidates, abs_error=abs_error, radii=_radii(calibrator, settings),
+        candidates=candidates, abs_error=abs_error,
+        radii=calibrated_radii(calibrator, settings),
         coverage={o: calibrator.realised_coverage(o) for o in ("ttft_p95", "tpot_p95")},
         mechanisms_active=counts.active, mechanisms_applicable=counts.applicable,
         mechanisms_discovered=counts.discovered, belief_version=beliefs.version)
@@ -215,13 +221,45 @@ def mediator_hints(observations: Sequence[OutcomeObservation]) -> dict[str, Hint
     return out
 
 
-def evaluate_stage(proposals: Sequence[Proposal], snapshot: ClusterSnapshot,
-                   beliefs: BeliefStore, calibrator: DroCalibrator, settings: KoiSettings,
-                   catalog: Catalog, kernel: Kernel | None = None) -> Evaluated:
+@dataclass(frozen=True)
+class TickInputs:
+    """What the evaluate, compose and explain stages of one tick read, built once
+    (``tick_inputs``, after learning) and passed to each: the snapshot, the learnt
+    model, the jobs to plan with their loads, and a configuration's robustness
+    (``koi.planner.robust``; one cache for the tick)."""
+
+    snapshot: ClusterSnapshot
+    beliefs: BeliefStore
+    calibrator: DroCalibrator
+    settings: KoiSettings
+    catalog: Catalog
+    jobs: tuple[JobStatus, ...]          # active_jobs(snapshot)
+    loads: Mapping[str, JobLoad]         # per job, at ``settings.rate_headroom``
+    robustness: RobustnessFn
+
+
+def tick_inputs(snapshot: ClusterSnapshot, beliefs: BeliefStore, calibrator: DroCalibrator,
+                settings: KoiSettings, catalog: Catalog) -> TickInputs:
+    jobs = tuple(active_jobs(snapshot))
+    return TickInputs(snapshot, beliefs, calibrator, settings, catalog, jobs,
+                      job_loads(jobs, snapshot, settings.rate_headroom),
+                      tick_robustness(beliefs, calibrator, settings, catalog))
+
+
+def tick_robustness(beliefs: BeliefStore, calibrator: DroCalibrator, settings: KoiSettings,
+                    catalog: Catalog) -> RobustnessFn:
+    """A configuration's robustness under ``settings`` (its switches: beliefs, DRO and the
+    outcomes widened), as the evaluator, the explanation and the planner-api use it."""
+    return robustness_fn(beliefs if settings.use_beliefs else None,
+                         planned_radii(calibrated_radii(calibrator, settings), settings),
+                         catalog)
+
+
+def evaluate_stage(proposals: Sequence[Proposal], inputs: TickInputs,
+                   kernel: Kernel | None = None) -> Evaluated:
     """Robust scores of ``proposals``; each job's candidates must all be present (a job's
     nominal fallback looks at all of them), so shards are cut at job boundaries."""
-    loads = job_loads(active_jobs(snapshot), snapshot, settings.rate_headroom)
-    robust = _robustness(beliefs, calibrator, settings, catalog)
+    calibrator, settings = inputs.calibrator, inputs.settings
     cache: dict[str, tuple[RiskLevel, ...]] = {}
 
     def levels(job_id: str) -> tuple[RiskLevel, ...]:
@@ -229,20 +267,21 @@ def evaluate_stage(proposals: Sequence[Proposal], snapshot: ClusterSnapshot,
             cache[job_id] = risk_levels(calibrator, settings, job_id)
         return cache[job_id]
 
-    return evaluate(proposals, loads, robustness=robust, levels=levels, catalog=catalog,
-                    calibration=settings.calibration, backend=settings.backend,
-                    kernel=kernel)
+    return evaluate(proposals, inputs.loads, robustness=inputs.robustness, levels=levels,
+                    catalog=inputs.catalog, calibration=settings.calibration,
+                    backend=settings.backend, kernel=kernel)
 
 
-def compose_stage(ev: Evaluated, snapshot: ClusterSnapshot, settings: KoiSettings,
-                  catalog: Catalog, beliefs: BeliefStore | None = None) -> ComposePlan:
+def compose_stage(ev: Evaluated, inputs: TickInputs) -> ComposePlan:
     """The composed plan; a job ``stability.held_jobs`` holds (pinned, cooling down)
     keeps its placement (only its current configuration is offered) and its reason
-    says why. With ``beliefs`` and ``KOI_CHURN_UNCERTAINTY_Z`` a running job's other
-    options are discounted by their estimate's uncertainty (``stability.estimate_sd``)."""
+    says why. With ``KOI_CHURN_UNCERTAINTY_Z`` a running job's other options are
+    discounted by their estimate's uncertainty (``stability.estimate_sd``)."""
+    snapshot, settings, catalog, beliefs = (inputs.snapshot, inputs.settings, inputs.catalog,
+                                            inputs.beliefs)
     held = held_jobs(snapshot, settings.churn)
     sd = None
-    if beliefs is not None and settings.churn.uncertainty_z > 0 and settings.use_beliefs:
+    if settings.churn.uncertainty_z > 0 and settings.use_beliefs:
         by_scope: dict[Scope, float] = {}
 
         def sd(config: DeploymentConfig) -> float:
@@ -250,14 +289,13 @@ def compose_stage(ev: Evaluated, snapshot: ClusterSnapshot, settings: KoiSetting
             if scope not in by_scope:
                 by_scope[scope] = estimate_sd(beliefs, scope)
             return by_scope[scope]
-    active = active_jobs(snapshot)
-    loads = job_loads(active, snapshot, settings.rate_headroom)
     measured = settings.measure(ev, snapshot) if settings.measure else None
     table, capacity = scored_candidates(
         ev, snapshot, catalog, settings.churn_hours, reshard_batch=settings.reshard_batch,
         measured=measured, make_before_break=settings.churn.make_before_break,
         held=frozenset(held), estimate_sd=sd, uncertainty_z=settings.churn.uncertainty_z)
-    demands = job_demands(active, loads, snapshot, ev, batch_pace=settings.batch_pace)
+    demands = job_demands(inputs.jobs, inputs.loads, snapshot, ev,
+                          batch_pace=settings.batch_pace)
     weights = replace(settings.weights, move_value_h=settings.churn.move_value_h) \
         if settings.churn.move_value_h else settings.weights
     plan = compose(ComposeInput(jobs=demands, candidates=table, capacity=capacity,
@@ -270,14 +308,12 @@ def compose_stage(ev: Evaluated, snapshot: ClusterSnapshot, settings: KoiSetting
         for c in plan.choices))
 
 
-def explain_stage(plan: ComposePlan, ev: Evaluated, snapshot: ClusterSnapshot,
-                  beliefs: BeliefStore, calibrator: DroCalibrator, settings: KoiSettings,
-                  catalog: Catalog) -> tuple[Explanation, ...]:
+def explain_stage(plan: ComposePlan, ev: Evaluated, inputs: TickInputs
+                  ) -> tuple[Explanation, ...]:
     """Why each job is where ``plan`` puts it, with the numbers at the planned load."""
-    loads = job_loads(active_jobs(snapshot), snapshot, settings.rate_headroom)
-    return explain_choices(plan, ev, beliefs, calibrator, catalog, loads,
-                           _robustness(beliefs, calibrator, settings, catalog),
-                           use_beliefs=settings.use_beliefs,
+    settings = inputs.settings
+    return explain_choices(plan, ev, inputs.beliefs, inputs.calibrator, inputs.catalog,
+                           inputs.loads, inputs.robustness, use_beliefs=settings.use_beliefs,
                            calibration=settings.calibration, backend=settings.backend)
 
 
@@ -445,40 +481,6 @@ def _mechanism_hints(mechanisms: Sequence[ActiveMechanism]) -> list[MechanismHin
     return hints
 
 
-def _robustness(beliefs: BeliefStore, calibrator: DroCalibrator, settings: KoiSettings,
-                catalog: Catalog):
-    radii = {o: r for o, r in _radii(calibrator, settings).items()
-             if o in settings.dro_outcomes}
-    cache: dict = {}
-
-    def robustness(p, mediators: Mapping[str, float] | None = None) -> Robustness:
-        """In the base regime, or in the one ``mediators`` (graph names) put ``p`` in."""
-        regime = None if mediators is None else \
-            tuple(attribute(o, mediators, beliefs.regimes) for o in LEARNT_OUTCOMES)
-        key = (p.config, regime)
-        if key not in cache:
-            learnt = _corrections(beliefs, scope_of(p.config, catalog), mediators) \
-                if settings.use_beliefs else Robustness()
-            cache[key] = replace(learnt, radius_ttft=radii.get("ttft_p95", 0.0),
-                                 radius_tpot=radii.get("tpot_p95", 0.0),
-                                 radius_tput=radii.get("throughput", 0.0))
-        return cache[key]
-
-    return robustness
-
-
-def _corrections(beliefs: BeliefStore, scope: Scope,
-                 mediators: Mapping[str, float] | None) -> Robustness:
-    """The learnt corrections of a candidate (no radii): online (``mediators`` None) its
-    pass multipliers and tail factors (``BeliefStore.online_correction``); batch the
-    outcome multipliers of the regime ``mediators`` put it in
-    (``BeliefStore.candidate_correction``). The SLOs are p95s, so the latency multipliers
-    are the p95s'."""
-    m = beliefs.candidate_correction(scope, mediators)
-    return Robustness(ttft_mult=m["ttft_p95"], tpot_mult=m["tpot_p95"],
-                      tput_mult=m["throughput"], pass_mult=m.get("pass", 1.0))
-
-
 # margins closer than this (log) to the previous level's on both SLOs add no choice
 LEVEL_STEP = 0.02
 
@@ -490,7 +492,7 @@ def risk_levels(calibrator: DroCalibrator, settings: KoiSettings,
     enough (never below level 0's), each with its SLO risk — the larger of the two SLOs'
     expected miss shares (``DroCalibrator.slo_risk``, the job's own shrunk towards all).
     Without DRO, or before the calibrator has spreads, one level at risk 0."""
-    radii = _radii(calibrator, settings)
+    radii = calibrated_radii(calibrator, settings)
     base = {o: radii.get(o, 0.0) if o in settings.dro_outcomes else 0.0 for o in SLO_OUTCOMES}
     first = [calibrator.slo_risk(o, base[o], job) for o in SLO_OUTCOMES]
     if not settings.use_dro or any(r is None for r in first):
@@ -506,10 +508,3 @@ def risk_levels(calibrator: DroCalibrator, settings: KoiSettings,
               for m in margins[1:]]
     return tuple(RiskLevel(m["ttft_p95"], m["tpot_p95"], r)
                  for m, r in zip(margins, risks, strict=True))
-
-
-def _radii(calibrator: DroCalibrator, settings: KoiSettings) -> dict[str, float]:
-    if not settings.use_dro:
-        return {}
-    return {o: r for o, r in calibrator.radii().items() if math.isfinite(r)}
-

@@ -33,7 +33,8 @@ def evaluate_matrix(X: np.ndarray, *, backend: str = "numba") -> np.ndarray:
     raise ValueError(f"backend must be 'numba' or 'numpy', not {backend!r}")
 
 
-def _wrap(Y: np.ndarray, j: int, cfg: DeploymentConfig, cat: Catalog) -> Prediction:
+def wrap_outputs(Y: np.ndarray, j: int, cfg: DeploymentConfig, cat: Catalog) -> Prediction:
+    """Column ``j`` of the kernel's outputs ``Y`` as the ``Prediction`` of ``cfg``."""
     y = lambda name: float(Y[OUT[name], j])  # noqa: E731
     model, accel = cat.model(cfg.model), cat.accelerator(cfg.accelerator)
     return Prediction(
@@ -67,7 +68,7 @@ def predict_many(pairs: Sequence[tuple[DeploymentConfig, Workload]], *,
             check(cfg, cat)
     X = build_inputs(pairs, cat, cal, kernels=kernels)
     Y = evaluate_matrix(X, backend=backend)
-    return [_wrap(Y, j, cfg, cat) for j, (cfg, _) in enumerate(pairs)]
+    return [wrap_outputs(Y, j, cfg, cat) for j, (cfg, _) in enumerate(pairs)]
 
 
 def pass_models(configs: Sequence[DeploymentConfig], *, catalog: Catalog | None = None,

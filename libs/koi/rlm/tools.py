@@ -1,7 +1,8 @@
 """The tools a round's models may call, as thin adapters over Koi's own functions.
 
-* ``predict(config, workload)`` — ``koi.predictor.api.predict_many`` and the belief
-  store's ``correction`` for the configuration's scope (``apply_correction``);
+* ``predict(config, workload)`` — the prior model's prediction and the learnt model's
+  (``koi.planner.robust.robust_predictions`` without radii: the planner's own use of the
+  beliefs — the learnt pass for a rate, the regime's multipliers when saturated);
 * ``score(job, config)`` — ``koi.planner.tick.evaluate_stage``: the evaluator's robust
   scoring of the candidate (and of the job's running configuration beside it), with the
   cheapest offering of its part in the fleet;
@@ -24,14 +25,13 @@ from typing import Any
 
 from koi.catalog import Catalog
 from koi.causal.graph import BELIEF_EDGES
-from koi.causal.scope import contains, scope_of
-from koi.causal.store import apply_correction
+from koi.causal.scope import contains
 from koi.cluster import ClusterSnapshot
 from koi.planner.explain import Explanation
 from koi.planner.propose import Proposal
+from koi.planner.robust import graph_mediators, robust_predictions, robustness_fn
 from koi.planner.settings import KoiSettings
-from koi.planner.tick import KoiState, TickReport, active_jobs, evaluate_stage
-from koi.predictor.api import predict_many
+from koi.planner.tick import KoiState, TickReport, active_jobs, evaluate_stage, tick_inputs
 from koi.predictor.types import LoadMode, Workload
 from koi.rlm.context import config_label, rounded
 from koi.rlm.hypothesis import Problem, config_for_job, scope_from_json
@@ -139,12 +139,16 @@ class Toolbox:
         workload = Workload(input_len=float(i_len), output_len=float(o_len),
                             mode=LoadMode.RATE if rate else LoadMode.SATURATED,
                             load=float(rate or 0.0))
-        s = self.ctx.settings
-        raw = predict_many([(cfg, workload)], catalog=self.ctx.catalog,
-                           calibration=s.calibration, backend=s.backend, validate=False)[0]
-        mult = self.ctx.state.beliefs.correction(scope_of(cfg, self.ctx.catalog)) \
-            if s.use_beliefs else {}
-        learnt = apply_correction(raw, mult)
+        s, beliefs = self.ctx.settings, self.ctx.state.beliefs
+        robustness = robustness_fn(beliefs if s.use_beliefs else None, {}, self.ctx.catalog)
+        raw, learnt = robust_predictions([(cfg, workload)], robustness,
+                                         catalog=self.ctx.catalog, calibration=s.calibration,
+                                         backend=s.backend)[0]
+        r = robustness(cfg) if workload.mode == LoadMode.RATE else \
+            robustness(cfg, graph_mediators(raw.kv_pressure, raw.comm_overhead_frac,
+                                            raw.queue_util))
+        mult = {"pass": r.pass_mult, "ttft": r.ttft_mean_mult, "ttft_p95": r.ttft_mult,
+                "tpot": r.tpot_mean_mult, "tpot_p95": r.tpot_mult, "throughput": r.tput_mult}
         keys = ("ttft_p95_ms", "tpot_p95_ms", "output_throughput_tok_s", "cost_per_mtok_usd",
                 "kv_pressure", "comm_overhead_frac", "compute_util", "membw_util",
                 "queue_util", "weights_gb_per_gpu", "kv_capacity_tokens")
@@ -167,8 +171,8 @@ class Toolbox:
             if current != cfg:
                 proposals.append(Proposal(job.id, current, "running"))
         st, s = self.ctx.state, self.ctx.settings
-        ev = evaluate_stage(proposals, self.ctx.snapshot, st.beliefs, st.calibrator, s,
-                            self.ctx.catalog)
+        ev = evaluate_stage(proposals, tick_inputs(self.ctx.snapshot, st.beliefs,
+                                                   st.calibrator, s, self.ctx.catalog))
         rows: dict[str, list[dict[str, Any]]] = {}
         for i, p in enumerate(ev.proposals):
             name = "candidate" if p.hypothesis != "running" else "running"
