@@ -5,7 +5,8 @@
   consumes plans and snapshots.
 * For each plan it runs ``koi.planner.tick.place_stable`` against the tick's snapshot
   (the placer's churn holds keep their memory here, as the in-process planner's
-  ``KoiState`` does; a standby that takes over starts it empty),
+  ``KoiState`` does; a replica that takes the lease rebuilds it first by replaying the
+  last hour of placements from the tick stream, ``recover_memory``),
   publishes the actions, stores the plan as the last good one (``koi_plan``/latest) and
   emits one operator event per action, citing the mechanisms behind the decision.
 * Every snapshot starts the tick's deadline: no plan by then → the last good plan is
@@ -29,7 +30,7 @@ from koi import subjects
 from koi.cluster import ActionKind, ClusterSnapshot, PlanDecision
 from koi.planner.settings import settings_for
 from koi.planner.stability import ChurnMemory, remember
-from koi.planner.tick import place_stable
+from koi.planner.tick import churn_memory_span_s, place_stable, replay_placements
 from koi.v1 import events_pb2, plan_pb2
 from koi.wire import codec, planning
 from services.placer.admission import Admission
@@ -103,6 +104,41 @@ class Placer:
                                  job_id=a.job_id, deployment_id=a.deployment_id,
                                  mechanism_ids=tuple(ids), scenario_time_s=snapshot.time_s,
                                  message=f"{a.kind.value}{size}{where}: {a.reason}{because}")
+
+    async def recover_memory(self) -> int:
+        """The churn memory the placers before this one kept, rebuilt on taking the lease:
+        the ticks of the memory's span (``churn_memory_span_s``) read back from the tick
+        stream — each snapshot, and the plan its published actions implemented — and
+        replayed through the same holds (``replay_placements``). Returns the ticks
+        replayed; on a bus error the memory starts empty, as it did before, and says so."""
+        bus = self.ctx.bus
+        try:
+            info = await bus.js.stream_info(subjects.STREAM_TICKS,
+                                            subjects_filter=subjects.tick_filter("actions"))
+            ticks = sorted(subjects.tick_of(s) for s in (info.state.subjects or {}))
+            history = []
+            newest = None
+            for tick in reversed(ticks):
+                raw = await bus.get_last(subjects.tick_subject(tick, "snapshot"))
+                actions = await bus.get_last(subjects.tick_subject(tick, "actions"))
+                if raw is None or actions is None:
+                    continue
+                snapshot = planning.decode_snapshot(raw)
+                newest = snapshot.time_s if newest is None else newest
+                if newest - snapshot.time_s > churn_memory_span_s(self.settings) \
+                        + snapshot.tick_s:
+                    break
+                _, source = planning.decode_actions(actions)
+                plan = await bus.get_last(subjects.tick_subject(source, "plan")) \
+                    if source >= 0 else None
+                targets = planning.decode_plan_targets(plan)[1] if plan is not None else None
+                history.append((snapshot, targets))
+        except Exception as exc:  # the holds start from nothing, as a first leader's do
+            self.ctx.log.warning("placer_memory_not_recovered", error=repr(exc)[:300])
+            self.memory = ChurnMemory()
+            return 0
+        self.memory = replay_placements(reversed(history), self.settings)
+        return len(history)
 
     # --- the tick's deadline -------------------------------------------------------------
 
@@ -207,7 +243,8 @@ async def run(ctx: ServiceContext) -> None:
         while not ctx.stopping.is_set():
             leading = await (lease.renew() if lease.is_leader else lease.acquire())
             if leading and not consumers:
-                ctx.log.info("placer_leading")
+                replayed = await placer.recover_memory()
+                ctx.log.info("placer_leading", replayed_ticks=replayed)
                 consumers = [
                     await bus.consume(subjects.STREAM_TICKS, "placer", subjects.tick_filter("plan"),
                                       placer.on_plan, service=NAME),

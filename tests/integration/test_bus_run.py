@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import signal
 import time
 
@@ -231,6 +232,9 @@ def test_standby_placer_takes_over_from_a_frozen_leader(nats_for_run, redis_url,
     standby = 1 - frozen[0].replica
     log = (tmp_path / "logs" / f"placer-{standby}.log").read_text()
     assert "placer_leading" in log
+    # it took over with the churn memory of the ticks its predecessor placed
+    replayed = [int(m) for m in re.findall(r'replayed_ticks\W+(\d+)', log)]
+    assert replayed and max(replayed) >= 1, log[-2000:]
 
 
 def test_a_stage_past_its_deadline_degrades_the_tick_and_the_run_goes_on(

@@ -21,7 +21,7 @@ and behind the services.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -58,6 +58,7 @@ from koi.planner.robust import (
 )
 from koi.planner.settings import KoiSettings
 from koi.planner.stability import (
+    HOUR_S,
     ChurnMemory,
     estimate_sd,
     held_jobs,
@@ -351,6 +352,27 @@ def place_stable(targets: Sequence[Target], notes: dict[str, str], snapshot: Clu
     the memory to keep for the next tick."""
     held, memory = stabilise(targets, snapshot, memory, settings.churn)
     return place_targets(held, notes, snapshot, settings), memory
+
+
+def churn_memory_span_s(settings: KoiSettings) -> float:
+    """How far back the placer's churn memory reaches: moves are kept an hour, plans for
+    the scale-down window; anything older has expired."""
+    return max(HOUR_S, settings.churn.scale_down_window_s)
+
+
+def replay_placements(history: Iterable[tuple[ClusterSnapshot, Sequence[Target] | None]],
+                      settings: KoiSettings) -> ChurnMemory:
+    """The churn memory a placer that saw ``history`` holds: each tick's snapshot and the
+    targets of the plan placed against it (None: the tick was placed with no plan), in
+    tick order, through the same ``remember`` and holds. Replaying the ticks of the last
+    ``churn_memory_span_s`` (and one more) rebuilds the memory exactly: a placer taking
+    over from another does so instead of starting with none."""
+    memory = ChurnMemory()
+    for snapshot, targets in history:
+        memory = remember(memory, snapshot)
+        if targets is not None:
+            memory = stabilise(targets, snapshot, memory, settings.churn)[1]
+    return memory
 
 
 # --- learn ----------------------------------------------------------------------------
