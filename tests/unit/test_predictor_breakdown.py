@@ -1,0 +1,27 @@
+"""The held-out pass split: its parts add up to the pass the predictor times."""
+
+from __future__ import annotations
+
+import pytest
+
+from koi.predictor import tables
+from koi.predictor.breakdown import held_out_breakdown, markdown
+from koi.predictor.measurements import load_cases
+
+
+def test_kernel_parts_and_overhead_add_up_to_the_decode_pass() -> None:
+    cases = load_cases()
+    chosen = [c for c in cases if c.row in (27, 35)]  # a TP1 and a TP4 TPOT row
+    results = held_out_breakdown(cases, kinds=("tpot",))
+    got = {r.case.row: r for r in results}
+    assert {c.row for c in chosen} <= set(got)
+    assert all(r.case.kind == "tpot" for r in results)
+    for row in (27, 35):
+        k = got[row].kernels
+        assert set(k.parts) == set(tables.PARTS)
+        assert sum(k.parts.values()) + k.overhead == pytest.approx(k.decode_pass, rel=1e-9)
+        assert k.parts["gemm"] > 0 and k.parts["decode_attention"] > 0
+        assert set(got[row].roofline.parts) == {"memory", "compute", "collectives"}
+    assert got[27].kernels.parts["allreduce"] == 0.0   # TP1: nothing to reduce
+    assert got[35].kernels.parts["allreduce"] > 0.0
+    assert "| 35 |" in markdown(results)
