@@ -11,10 +11,9 @@ from koi.predictor.measurements import load_cases
 
 def test_kernel_parts_and_overhead_add_up_to_the_decode_pass() -> None:
     cases = load_cases()
-    chosen = [c for c in cases if c.row in (27, 35)]  # a TP1 and a TP4 TPOT row
-    results = held_out_breakdown(cases, kinds=("tpot",))
+    results = held_out_breakdown(kinds=("tpot",), cases=cases)
     got = {r.case.row: r for r in results}
-    assert {c.row for c in chosen} <= set(got)
+    assert {27, 35} <= set(got)  # a TP1 and a TP4 TPOT row
     assert all(r.case.kind == "tpot" for r in results)
     for row in (27, 35):
         k = got[row].kernels
@@ -25,3 +24,13 @@ def test_kernel_parts_and_overhead_add_up_to_the_decode_pass() -> None:
     assert got[27].kernels.parts["allreduce"] == 0.0   # TP1: nothing to reduce
     assert got[35].kernels.parts["allreduce"] > 0.0
     assert "| 35 |" in markdown(results)
+
+
+def test_chosen_rows_are_predicted_by_a_fit_without_their_source() -> None:
+    """Showing one row must not shrink the fit to that row's neighbours: the split is
+    the same as in the full held-out run."""
+    cases = load_cases()
+    one = held_out_breakdown(rows=[35], cases=cases)
+    assert [r.case.row for r in one] == [35]
+    full = {r.case.row: r for r in held_out_breakdown(kinds=("tpot",), cases=cases)}
+    assert one[0].kernels.predicted == pytest.approx(full[35].kernels.predicted, rel=1e-12)

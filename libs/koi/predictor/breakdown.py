@@ -70,19 +70,22 @@ def _split(case: Case, cat: Catalog, cal: Calibration, kernels: bool) -> PassSpl
                      parts)
 
 
-def held_out_breakdown(cases: Sequence[Case] | None = None, kinds: Sequence[str] = ("tpot",),
+def held_out_breakdown(kinds: Sequence[str] = ("tpot",), rows: Sequence[int] | None = None,
+                       cases: Sequence[Case] | None = None,
                        catalog: Catalog | None = None) -> list[Breakdown]:
-    """Every case of these kinds, split as each predictor fitted without its source."""
+    """Every case of these kinds (or these ``rows``), split as each predictor fitted on
+    all ``cases`` but those of its source."""
     from koi.predictor.fit import fit
 
     cat = catalog or load_catalog()
-    rows = list(cases) if cases is not None else load_cases(catalog=cat)
+    every = list(cases) if cases is not None else load_cases(catalog=cat)
+    shown = [c for c in every if (c.row in rows if rows is not None else c.kind in kinds)]
     out = []
-    for source in sorted({c.source for c in rows if c.kind in kinds}):
-        train = [c for c in rows if c.source != source]
+    for source in sorted({c.source for c in shown}):
+        train = [c for c in every if c.source != source]
         roof, kern = fit(train, cat, kernels=False), fit(train, cat, kernels=True)
-        for c in rows:
-            if c.source != source or c.kind not in kinds:
+        for c in shown:
+            if c.source != source:
                 continue
             X = build_inputs([(c.config, c.workload)], cat, kern, kernels=True)
             out.append(Breakdown(c, _split(c, cat, roof, False), _split(c, cat, kern, True),
