@@ -16,7 +16,15 @@ that matches an accelerator of Koi's catalog, one engine version, this keeps
 as float16 milliseconds (NaN = not measured) in one ``<system>.npz`` with a ``header``
 entry (JSON: repository, commit, paths, licence, engine version). Nothing is fitted here.
 
-Usage (needs pyarrow, only for this script; git for the bare mirror):
+GEMM and decode-attention cells are floored at their speed of light (``sol_floor``), as
+AIConfigurator does when it loads the same tables (``clamp_gemm_grids_to_sol``,
+``clamp_generation_attention_grids_to_sol`` in its ``perf_database``), with the peak
+HBM bandwidth and tensor-core FLOP/s of its ``systems/<system>.yaml``: some collected
+cells are faster than the part's HBM can stream their KV cache (H100 bf16 decode
+attention, batch 512 × 512 tokens, 32/8 heads: 0.25 ms for 1.07 GB, 4.4 TB/s on a
+3.35 TB/s part), which made decode passes at large batches too short.
+
+Usage (needs pyarrow and pyyaml, only for this script; git for the bare mirror):
     python3 scripts/extract_kernel_tables.py --repo /path/to/aiconfigurator.git \
         --out libs/koi/predictor/data/kernels
 """
@@ -39,6 +47,7 @@ DATA = "aic-core/src/aiconfigurator_core/systems/data"
 # heads, batch 128, 1k context: 0.6 ms against 0.037 ms with an fp8 cache).
 SYSTEMS = {"h200_sxm": "1.3.0rc10", "h100_sxm": "1.3.0rc10", "b200_sxm": "1.2.0rc5",
            "a100_sxm": "1.0.0", "l40s": "1.0.0"}
+SYSTEM_SPEC = "aic-core/src/aiconfigurator_core/systems/{system}.yaml"
 FILES = {"gemm": "gemm/trtllm/{v}/gemm_perf.parquet",
          "ctx_attn": "attention/trtllm/{v}/context_attention_perf.parquet",
          "gen_attn": "attention/trtllm/{v}/generation_attention_perf.parquet",
@@ -51,6 +60,11 @@ MOE_DTYPES = ("bfloat16", "fp8", "nvfp4")
 MOE_SOURCES = ("moe_torch_flow", "moe_torch_flow_cutlass")
 # balanced routing; the mildest skew where balanced was not measured (A100)
 DISTRIBUTIONS = ("balanced", "power_law_1.01")
+# AIConfigurator's quant mappings (aiconfigurator-core common/enums.rs): bytes per element
+# and the tensor-core rate a GEMM of that dtype runs at
+GEMM_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "nvfp4": 9.0 / 16.0}
+GEMM_FLOPS = {"bfloat16": "bfloat16_tc_flops", "fp8": "fp8_tc_flops", "nvfp4": "fp4_tc_flops"}
+KV_BYTES = {"bfloat16": 2.0, "fp8": 1.0}
 
 
 def git_show(repo: Path, commit: str, path: str) -> bytes:
@@ -155,20 +169,76 @@ def moe_table(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             "moe_key_columns": np.array(("dtype", *cols))}
 
 
+def gemm_sol(out: dict[str, np.ndarray], gpu: dict) -> np.ndarray:
+    """Speed of light of every GEMM cell (ms): max(2mnk / FLOP/s, bytes of A, B, C / BW),
+    as AIConfigurator's ``gemm_sol_with_flops``."""
+    m, n, k = (out[f"gemm_{a}"].astype(float) for a in "mnk")
+    m, n, k = m[:, None, None], n[None, :, None], k[None, None, :]
+    sol = []
+    for dtype in out["gemm_dtypes"]:
+        flops = float(gpu.get(GEMM_FLOPS[str(dtype)], 0.0))
+        if flops <= 0:  # no rate in the spec: left unfloored, as AIConfigurator does
+            sol.append(np.zeros(np.broadcast_shapes(m.shape, n.shape, k.shape)))
+            continue
+        sol.append(np.maximum(2.0 * m * n * k / flops,
+                              GEMM_BYTES[str(dtype)] * (m * n + m * k + n * k) / gpu["mem_bw"]))
+    return np.stack(sol) * 1e3
+
+
+def gen_attention_sol(out: dict[str, np.ndarray], gpu: dict) -> np.ndarray:
+    """Speed of light of every decode-attention cell (ms), as AIConfigurator's
+    ``generation_attention_sol``: the query and output in bf16 plus the K and V of
+    ``length − 1`` cached tokens per sequence, against the FMHA's tensor-core math (fp8
+    only from SM 89 on: older parts dequantise an fp8 cache into bf16 math)."""
+    h = out["gen_head_dim"].astype(float)[None, :, None, None, None, None]
+    n = out["gen_heads"].astype(float)[None, None, :, None, None, None]
+    n_kv = out["gen_kv_heads"].astype(float)[None, None, None, :, None, None]
+    b = out["gen_batch"].astype(float)[None, None, None, None, :, None]
+    kv_len = out["gen_len"].astype(float)[None, None, None, None, None, :] - 1.0
+    kv_bytes = np.array([KV_BYTES[d] for d in KV_DTYPES])[:, None, None, None, None, None]
+    fp8_mma = int(gpu.get("sm_version", 0)) >= 89 and gpu.get("fp8_tc_flops")
+    flops = np.array([gpu["bfloat16_tc_flops"], gpu["fp8_tc_flops"] if fp8_mma
+                      else gpu["bfloat16_tc_flops"]])[:, None, None, None, None, None]
+    mem = b * (n * h * 2.0 + 2.0 * n_kv * kv_len * h * kv_bytes + n * h * 2.0) / gpu["mem_bw"]
+    math = 2.0 * b * n * h * 2.0 * kv_len / flops
+    return np.maximum(mem, math) * 1e3
+
+
+def floor_at_sol(out: dict[str, np.ndarray], gpu: dict) -> dict[str, int]:
+    """Raise every GEMM and decode-attention cell below its speed of light to it (in
+    place); returns how many cells of each were raised."""
+    raised = {}
+    for name, sol in (("gemm", gemm_sol(out, gpu)), ("gen_attn", gen_attention_sol(out, gpu))):
+        low = np.isfinite(out[name]) & (out[name] < sol)
+        out[name] = np.where(low, sol, out[name])
+        raised[name] = int(low.sum())
+    return raised
+
+
 def extract(repo: Path, commit: str, system: str, version: str) -> dict[str, np.ndarray]:
+    import yaml
+
     paths = {name: f"{DATA}/{system}/{f.format(v=version)}" for name, f in FILES.items()}
     tables = {name: read_table(repo, commit, p) for name, p in paths.items()}
+    spec_path = SYSTEM_SPEC.format(system=system)
+    gpu = yaml.safe_load(git_show(repo, commit, spec_path))["gpu"]
     gen = tables["gen_attn"]
     out = {**gemm_table(tables["gemm"]),
            **attention_table(gen, "gen", gen["step"] + 1),
            **attention_table(tables["ctx_attn"], "ctx", tables["ctx_attn"]["isl"]),
            **allreduce_table(tables["allreduce"]), **moe_table(tables["moe"])}
+    raised = floor_at_sol(out, gpu)
     header = {"source_repository": REPOSITORY, "commit": commit, "system": system,
               "engine": "trtllm", "engine_version": version, "paths": paths,
               "licence": "Apache-2.0 (AIConfigurator, NVIDIA CORPORATION & AFFILIATES); "
                          "reduced and re-encoded by Koi's scripts/extract_kernel_tables.py",
               "units": "milliseconds per kernel call; NaN = not measured",
-              "devices": sorted({str(x) for x in tables["gemm"]["device"]})}
+              "devices": sorted({str(x) for x in tables["gemm"]["device"]}),
+              "sol_floor": {"spec": spec_path, "applied_to": sorted(raised),
+                            "cells_raised": raised,
+                            **{k: gpu[k] for k in ("mem_bw", "bfloat16_tc_flops",
+                                                   "fp8_tc_flops", "fp4_tc_flops",
+                                                   "sm_version") if k in gpu}}}
     for name, arr in out.items():
         if arr.dtype.kind == "f":
             out[name] = arr.astype(np.float16)

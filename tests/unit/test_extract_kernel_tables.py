@@ -45,3 +45,31 @@ def test_moe_prefers_the_gated_kernel_and_balanced_routing(ex: ModuleType) -> No
     out = ex.moe_table(t)
     assert out["moe"].tolist() == [[2.0]]
     assert out["moe_keys"].tolist() == [[1, 4096, 14336, 2, 8, 1, 1]]
+
+
+def test_cells_faster_than_the_part_are_floored_at_its_speed_of_light(ex: ModuleType) -> None:
+    gpu = {"mem_bw": 1e12, "bfloat16_tc_flops": 1e15, "fp8_tc_flops": 2e15, "sm_version": 90}
+    # GEMM 1024³ bf16: 2.1 GFLOP → 2.15 µs of math; 6 MiB → 6.3 µs of memory
+    out = {"gemm_dtypes": np.array(["bfloat16"]), "gemm_m": np.array([1024]),
+           "gemm_n": np.array([1024]), "gemm_k": np.array([1024]),
+           "gemm": np.array([[[[0.001]]]]),
+           # decode attention: 1 sequence, 8 heads / 1 KV head of 128, 4097 tokens:
+           # 2 · 4096 · 128 · 2 bytes of bf16 cache + 2 · 8 · 128 · 2 of query/output
+           "gen_head_dim": np.array([128]), "gen_heads": np.array([8]),
+           "gen_kv_heads": np.array([1]), "gen_batch": np.array([1]),
+           "gen_len": np.array([4097]),
+           "gen_attn": np.array([0.0001, 1.0]).reshape(2, 1, 1, 1, 1, 1)}
+    raised = ex.floor_at_sol(out, gpu)
+    assert raised == {"gemm": 1, "gen_attn": 1}
+    assert out["gemm"][0, 0, 0, 0] == pytest.approx(3 * 1024 * 1024 * 2 / 1e12 * 1e3)
+    assert out["gen_attn"][0].item() == pytest.approx((2 * 4096 * 128 * 2 + 2 * 8 * 128 * 2)
+                                                      / 1e12 * 1e3)
+    assert out["gen_attn"][1].item() == 1.0  # slower than light: kept as measured
+
+
+def test_a_dtype_the_spec_has_no_rate_for_is_left_as_measured(ex: ModuleType) -> None:
+    gpu = {"mem_bw": 1e12, "bfloat16_tc_flops": 1e15, "sm_version": 80}
+    out = {"gemm_dtypes": np.array(["fp8"]), "gemm_m": np.array([1024]),
+           "gemm_n": np.array([1024]), "gemm_k": np.array([1024]),
+           "gemm": np.array([[[[1e-6]]]])}
+    assert ex.gemm_sol(out, gpu).max() == 0.0

@@ -163,6 +163,10 @@ def bench_accuracy(
                                       "kernel tables, by source, accelerator, engine and "
                                       "metric, and the rows where they disagree most.")
                        ] = False,
+    parts: Annotated[bool, Opt(help="With --compare: also split the held-out decode pass "
+                                    "of every TPOT row into its parts (GEMM, all-reduce, "
+                                    "LM head, attention, overhead) for both predictors.")
+                     ] = False,
 ) -> None:
     """Median absolute % error against shared/data/perf_measurements.csv."""
     if compare:
@@ -171,6 +175,12 @@ def bench_accuracy(
 
         with console.status("cross-validating both predictors…"):
             print(compare_markdown(compare_held_out()))
+        if parts:
+            from koi.predictor.breakdown import held_out_breakdown
+            from koi.predictor.breakdown import markdown as parts_markdown
+
+            print()
+            print(parts_markdown(held_out_breakdown()))
         return
     from koi.cli.reports import accuracy_tables
 

@@ -332,18 +332,35 @@ def _grid2(K: np.ndarray, k: np.ndarray, off: int, n_col: int, r: np.ndarray, n_
     return (y0 + w * (y1 - y0)) * np.minimum(r, 1.0)
 
 
-def pass_from_tables(K: np.ndarray, k: np.ndarray, b: np.ndarray, p: np.ndarray,
-                     ctx_dec: np.ndarray, prompt_len: np.ndarray, roof_comm: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """(kernel seconds of the pass, of which all-reduce) for rows ``k`` (≥ 0);
-    ``roof_comm``: the roofline's collectives, used where the row's flag says so."""
+PARTS = ("gemm", "allreduce", "lm_head", "decode_attention", "prefill_attention")
+
+
+def pass_parts(K: np.ndarray, k: np.ndarray, b: np.ndarray, p: np.ndarray,
+               ctx_dec: np.ndarray, prompt_len: np.ndarray, roof_comm: np.ndarray
+               ) -> dict[str, np.ndarray]:
+    """Kernel seconds of each part of the pass (``PARTS``) for rows ``k`` (≥ 0), before
+    the kernel scale; ``roof_comm``: the roofline's collectives, used where the row's
+    flag says so."""
     tokens = b + p
     q = p / np.maximum(prompt_len, 1.0)
     ic, wc = _pow2_pos(ctx_dec, NC)
     is_, ws = _pow2_pos(prompt_len, NS, S0)
-    ar = _curve(K, k, OFF_A, tokens) + K[k, OFF_FLAG] * roof_comm
-    # LM head: the decoding rows, plus one row per finishing prompt at the one-row cost
-    head = _curve(K, k, OFF_H, b) + q * K[k, OFF_H]
-    total = (_curve(K, k, OFF_L, tokens) + ar + head
-             + _grid2(K, k, OFF_G, NC, b, NB, ic, wc) + _grid2(K, k, OFF_C, NS, q, NQ, is_, ws))
-    return total, ar
+    return {
+        "gemm": _curve(K, k, OFF_L, tokens),
+        "allreduce": _curve(K, k, OFF_A, tokens) + K[k, OFF_FLAG] * roof_comm,
+        # the decoding rows, plus one row per finishing prompt at the one-row cost
+        "lm_head": _curve(K, k, OFF_H, b) + q * K[k, OFF_H],
+        "decode_attention": _grid2(K, k, OFF_G, NC, b, NB, ic, wc),
+        "prefill_attention": _grid2(K, k, OFF_C, NS, q, NQ, is_, ws),
+    }
+
+
+def pass_from_tables(K: np.ndarray, k: np.ndarray, b: np.ndarray, p: np.ndarray,
+                     ctx_dec: np.ndarray, prompt_len: np.ndarray, roof_comm: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel seconds of the pass, of which all-reduce) for rows ``k`` (≥ 0)."""
+    parts = pass_parts(K, k, b, p, ctx_dec, prompt_len, roof_comm)
+    total = np.zeros(np.shape(b))
+    for name in PARTS:
+        total = total + parts[name]
+    return total, parts["allreduce"]
