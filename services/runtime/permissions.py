@@ -133,7 +133,7 @@ def _own_publishes() -> dict[str, list[str]]:
         # the world: snapshots, telemetry, and the scenario's own jobs as they arrive
         "sim": [tick("snapshot"), telemetry, subjects.SIM_STATUS, accepted,
                 kv_subject(subjects.KV_SIM, ">")],
-        "telemetry-ingest": [tick("observations"), telemetry],
+        "telemetry-ingest": [tick("observations")],   # it reads telemetry, publishes none
         "causal-store": [tick("causal"),
                          kv_subject(subjects.KV_CAUSAL, subjects.KEY_CAUSAL_STATE)],
         # candidates, and the hypothesis rounds it runs (every service may read them)

@@ -147,8 +147,7 @@ def test_the_kv_keys_and_durables_agree_with_the_services() -> None:
 def test_telemetry_is_published_by_the_world_and_the_engine_adapter_only() -> None:
     subject = subjects.telemetry_subject(5)
     publishers = [r for r in ROLES if r != ADMIN and _may_publish(r, subject)]
-    # telemetry-ingest's grant predates the adapter (it publishes none)
-    assert publishers == ["sim", "telemetry-ingest", "engine-metrics"]
+    assert publishers == ["sim", "engine-metrics"]   # telemetry-ingest only reads it
     kv_sim = permissions.kv_subject(subjects.KV_SIM, "metrics")
     assert not _may_publish("engine-metrics", kv_sim)   # it reads the sim's address only
 
