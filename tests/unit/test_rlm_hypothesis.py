@@ -381,6 +381,10 @@ class _OneAnswer:
     def __init__(self, content: str) -> None:
         self.content = content
 
+    @staticmethod
+    def clock() -> float:
+        return 0.0
+
     def complete(self, request, budget):
         budget.spent.calls += 1
         return ChatReply(content=self.content)

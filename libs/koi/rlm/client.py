@@ -134,9 +134,13 @@ class RoundBudget:
 
 
 class ChatPort(Protocol):
-    """What a round talks to: the HTTP client, or a transcript being replayed."""
+    """What a round talks to: the HTTP client, or a transcript being replayed. The
+    round's wall-time deadline is on the port's own ``clock`` (the client checks it)."""
 
     model: str
+
+    def clock(self) -> float:
+        ...
 
     def complete(self, request: ChatRequest, budget: RoundBudget) -> ChatReply | RoundFailed:
         ...

@@ -19,7 +19,6 @@ Triggers are in ``koi.rlm.triggers``. No I/O besides the chat port; time from a 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,14 +197,15 @@ class _Round:
         return items
 
 
-def run_round(inputs: RoundInputs, chat: ChatPort, toolbox: Toolbox, settings: RlmSettings,
-              *, clock: Callable[[], float] = time.monotonic) -> RoundResult:
-    """One round; always returns (``ok=False`` with a reason when it failed)."""
+def run_round(inputs: RoundInputs, chat: ChatPort, toolbox: Toolbox,
+              settings: RlmSettings) -> RoundResult:
+    """One round; always returns (``ok=False`` with a reason when it failed). Its
+    wall-time deadline is on ``chat``'s clock, which checks it."""
     transcript = Transcript()
     transcript.add("round_start", round_id=inputs.round_id, tick=inputs.tick,
                    model=chat.model, context_sha=inputs.context.sha,
                    context_chars=inputs.context.chars, max_depth=settings.max_depth)
-    budget = RoundBudget.start(settings, clock())
+    budget = RoundBudget.start(settings, chat.clock())
     hypotheses: tuple[Hypothesis, ...] = ()
     dropped: tuple[Dropped, ...] = ()
     reason = ""
@@ -237,4 +237,4 @@ def replay(inputs: RoundInputs, transcript: Transcript, toolbox: Toolbox,
            settings: RlmSettings) -> RoundResult:
     """The round again from its transcript, without a model: the same inputs give the
     same requests, tool results and hypotheses (a divergence fails the replay)."""
-    return run_round(inputs, ReplayChat(transcript), toolbox, settings, clock=lambda: 0.0)
+    return run_round(inputs, ReplayChat(transcript), toolbox, settings)

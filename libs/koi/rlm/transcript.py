@@ -68,7 +68,8 @@ def reply_from_record(r: Mapping[str, Any]) -> ChatReply | RoundFailed:
 
 
 class ReplayChat:
-    """A ``ChatPort`` serving a transcript's responses to the same requests, in order."""
+    """A ``ChatPort`` serving a transcript's responses to the same requests, in order
+    (no time passes: its clock stands at 0)."""
 
     def __init__(self, transcript: Transcript, model: str = "") -> None:
         starts = transcript.of_kind("round_start")
@@ -76,6 +77,10 @@ class ReplayChat:
         self._pairs = list(zip(transcript.of_kind("request"), transcript.of_kind("response"),
                                strict=False))
         self._next = 0
+
+    @staticmethod
+    def clock() -> float:
+        return 0.0
 
     def complete(self, request: ChatRequest, budget: RoundBudget) -> ChatReply | RoundFailed:
         if self._next >= len(self._pairs):
