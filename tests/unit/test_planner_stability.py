@@ -122,3 +122,64 @@ def test_a_dead_band_keeps_a_plan_wavering_by_one():
     assert t.replicas == 4                        # the window's most (3) is within the band
     (t,), _ = stabilise([target(1)], snap(600, [dep(replicas=4)]), m, banded)
     assert t.replicas == 2                        # the window's most is 1: to 1 + the band
+
+
+RATES = ChurnSettings(rate_window_s=600.0, rate_rise_s=120.0)
+
+
+def test_a_rise_is_planned_for_at_once_a_fall_once_the_window_saw_it():
+    from koi.planner.stability import planned_rate
+
+    steady = [(60.0 * i, 2.0) for i in range(10)]
+    assert planned_rate(steady, 540.0, RATES) == pytest.approx(2.0)
+    up = [*steady, (600.0, 4.0)]
+    assert planned_rate(up, 600.0, RATES) == pytest.approx((2.0 + 4.0) / 2)
+    down = [*steady, (600.0, 1.0)]                  # one low tick: the window's mean
+    assert planned_rate(down, 600.0, RATES) == pytest.approx((9 * 2.0 + 1.0) / 10)
+    low = [*steady, *((600.0 + 60.0 * i, 1.0) for i in range(10))]
+    assert planned_rate(low, 1140.0, RATES) == pytest.approx(1.0)
+    assert planned_rate(down, 600.0, ChurnSettings.off()) == 1.0
+    assert planned_rate([], 600.0, RATES) is None
+
+
+def test_rates_are_remembered_per_online_job_and_planned_in_the_view():
+    from koi.planner.stability import planning_view
+
+    def at(t: float, rate: float) -> ClusterSnapshot:
+        return snap(t, [dep()], [JobStatus(job().spec, True, False, observed_rate_rps=rate)])
+
+    m = remember(ChurnMemory(), at(0.0, 0.0))        # nothing counted yet: no observation
+    assert m.rates == {}
+    for t, r in ((60.0, 2.0), (120.0, 1.0), (180.0, 1.0), (240.0, 1.0)):
+        m = remember(m, at(t, r))
+    m = remember(m, at(240.0, 1.0))                  # the same snapshot twice: one sample
+    assert m.rates["a"] == ((60.0, 2.0), (120.0, 1.0), (180.0, 1.0), (240.0, 1.0))
+    (j,) = planning_view(at(240.0, 1.0), m, RATES).jobs
+    assert j.observed_rate_rps == pytest.approx(5.0 / 4)
+    (j,) = planning_view(at(240.0, 1.0), m, ChurnSettings.off()).jobs
+    assert j.observed_rate_rps == 1.0
+
+
+def test_a_scale_up_goes_its_margin_beyond_as_far_as_spare_gpus_allow():
+    from koi.cluster import OfferingCapacity
+
+    margin = ChurnSettings(scale_down_window_s=300.0, scale_down_band=1, scale_up_margin=0.25)
+
+    def with_free(t: float, free: int, replicas: int) -> ClusterSnapshot:
+        s = snap(t, [dep(replicas=replicas)])
+        used = replicas * cfg().gpus_per_replica
+        return ClusterSnapshot(s.tick, t, s.tick_s, s.horizon_s,
+                               (OfferingCapacity(OFF, used + free, used),), s.deployments,
+                               s.jobs)
+
+    s = with_free(0.0, 100, 4)
+    (t,), m = stabilise([target(8)], s, remember(ChurnMemory(), s), margin)
+    assert t.replicas == 10 and "scaled up 2 beyond the 8 planned" in t.reason
+    s = with_free(0.0, 5 * cfg().gpus_per_replica, 4)   # 4 more planned, room for 1 beyond
+    (t,), _ = stabilise([target(8)], s, remember(ChurnMemory(), s), margin)
+    assert t.replicas == 9
+    s = with_free(120.0, 100, 10)                       # 8 planned within the widened band
+    (t,), _ = stabilise([target(8)], s, remember(m, s), margin)
+    assert t.replicas == 10
+    (t,), _ = stabilise([target(3)], with_free(0.0, 100, 2), ChurnMemory(), margin)
+    assert t.replicas == 3                              # below 1 / margin: nothing beyond

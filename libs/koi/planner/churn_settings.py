@@ -29,6 +29,19 @@ class ChurnSettings(BaseModel):
         1, ge=0, le=16, description="Replicas a scale-down must clear: a job scales down "
         "only when the most planned over the window is more than this many below what it "
         "runs, and then to that most plus this many (0: to the most planned).")
+    scale_up_margin: float = Field(
+        0.0, ge=0.0, le=1.0, description="A scale-up goes this share beyond the count "
+        "planned (rounded down: no extra replica below 1/margin), and the scale-down band "
+        "widens to the same share of the most planned, so a count that keeps creeping up "
+        "(a batch job falling behind its pace) is not raised one replica a tick (0: off).")
+    rate_window_s: float = Field(
+        0.0, ge=0.0, le=86_400.0, description="An online job is planned for the mean of "
+        "its observed rates over this window, or over the last rate_rise_s where that is "
+        "higher: a rise is planned for at once, a fall only once the window has seen it "
+        "(0: the last tick's rate alone, noisy by the thinned samples it counts).")
+    rate_rise_s: float = Field(
+        120.0, ge=0.0, le=86_400.0, description="The recent stretch whose mean rate, when "
+        "above the window's, is planned for instead (0: the last tick's rate alone).")
     cooldown_s: float = Field(
         900.0, ge=0.0, le=86_400.0, description="A job placed (launched, swapped or "
         "relaunched) less than this long ago keeps its placement (it may still scale).")
@@ -71,7 +84,7 @@ class ChurnSettings(BaseModel):
     def off(cls) -> ChurnSettings:
         """Every hold off: the planner as it was before plan stability."""
         return cls(make_before_break=False, scale_down_window_s=0.0, scale_down_band=0,
-                   cooldown_s=0.0,
+                   scale_up_margin=0.0, rate_window_s=0.0, rate_rise_s=0.0, cooldown_s=0.0,
                    move_value_h=0.0, uncertainty_z=0.0, default_max_moves_per_hour=0.0)
 
 

@@ -1,6 +1,6 @@
 """Plan stability: what keeps Koi from moving a job more often than its gain is worth.
 
-Four holds, each with a setting in ``ChurnSettings`` (``KOI_CHURN_<FIELD>`` overrides):
+The holds, each with a setting in ``ChurnSettings`` (``KOI_CHURN_<FIELD>`` overrides):
 
 * **scale-down stabilisation** (``scale_down_window_s``, as the Kubernetes HPA's): the
   placer keeps a job at the highest replica count planned for its placement over the
@@ -8,6 +8,12 @@ Four holds, each with a setting in ``ChurnSettings`` (``KOI_CHURN_<FIELD>`` over
   the one after; growth is immediate. With ``scale_down_band`` the count must also fall
   more than that many replicas below what runs (a dead band: a plan that wavers
   between n and n+1 on a noisy rate keeps n+1);
+* **scale-up margin** (``scale_up_margin``): a scale-up goes a share beyond the count
+  planned and the band widens to the same share, so a count that creeps up a replica a
+  tick (a batch job behind its pace) moves once for several ticks;
+* **planned rate** (``rate_window_s``, ``rate_rise_s``; ``planned_rate``): an online
+  job is planned for the mean of its observed rates over a window, or over the last
+  minutes where that is higher, not for the last tick's thinned count;
 * **cool-down** (``cooldown_s``): a job placed (launched or swapped) less than this long
   ago keeps its configuration and offering in the composer (it may still scale);
 * **operator limits** from the job spec: ``pinned`` (never moved; scales only) and
@@ -55,6 +61,8 @@ class ChurnMemory:
     seen: Mapping[str, tuple[str, str, int]] = field(default_factory=dict)
     # job → times of its moves (any kind) within the last hour
     moves: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    # online job → ((time, observed rate), …) within the last hour, newest last
+    rates: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
 
 def _key(config: DeploymentConfig, offering: str) -> str:
@@ -69,8 +77,14 @@ def _live(snapshot: ClusterSnapshot) -> list[Deployment]:
 def remember(memory: ChurnMemory, snapshot: ClusterSnapshot) -> ChurnMemory:
     """``memory`` brought up to ``snapshot``: the moves the fleet shows happened since the
     last one (a new deployment of a job that had one, a deployment whose placement or
-    planned replicas changed), each job's kept for an hour."""
+    planned replicas changed) and each online job's observed rate (a tick that counted
+    none is not an observation: the first one, before any request), kept for an hour."""
     now = snapshot.time_s
+    rates = {k: kept for k, v in memory.rates.items()
+             if (kept := tuple(p for p in v if now - p[0] < HOUR_S and p[0] < now))}
+    for j in snapshot.jobs:
+        if j.is_online and j.observed_rate_rps > 0:
+            rates[j.id] = (*rates.get(j.id, ()), (now, j.observed_rate_rps))
     had = {job for job, _, _ in memory.seen.values()}
     moves = {k: kept for k, v in memory.moves.items()
              if (kept := tuple(t for t in v if now - t < HOUR_S))}
@@ -82,7 +96,38 @@ def remember(memory: ChurnMemory, snapshot: ClusterSnapshot) -> ChurnMemory:
         moved = d.job_id in had if before is None else before[1:] != (key, n)
         if moved:
             moves[d.job_id] = (*moves.get(d.job_id, ()), now)
-    return replace(memory, seen=seen, moves=moves)
+    return replace(memory, seen=seen, moves=moves, rates=rates)
+
+
+def planned_rate(history: Sequence[tuple[float, float]], now: float,
+                 settings: ChurnSettings) -> float | None:
+    """The rate to plan an online job for, from its ``(time, observed rate)`` history
+    (newest last): the higher of the means over ``rate_window_s`` and over the last
+    ``rate_rise_s`` (the newest observation alone where either is 0), so a rise is
+    planned for within a tick or two and a fall only once the whole window saw it, and
+    the count does not waver with one tick's thinned sample. None without history."""
+    if not history:
+        return None
+    if settings.rate_window_s <= 0 or settings.rate_rise_s <= 0:
+        return history[-1][1]
+    window = [r for t, r in history if now - t < settings.rate_window_s]
+    recent = [r for t, r in history if now - t < settings.rate_rise_s] or [history[-1][1]]
+    return max(sum(window) / len(window) if window else 0.0, sum(recent) / len(recent))
+
+
+def planning_view(snapshot: ClusterSnapshot, memory: ChurnMemory,
+                  settings: ChurnSettings) -> ClusterSnapshot:
+    """``snapshot`` as the plan's stages read it: each online job's ``observed_rate_rps``
+    is the rate to plan it for (``planned_rate`` over ``memory``, already ``remember``-ed
+    this snapshot); unchanged where the window is off."""
+    if settings.rate_window_s <= 0 or settings.rate_rise_s <= 0:
+        return snapshot
+    jobs = []
+    for j in snapshot.jobs:
+        rate = planned_rate(memory.rates.get(j.id, ()), snapshot.time_s, settings) \
+            if j.is_online else None
+        jobs.append(j if rate is None else replace(j, observed_rate_rps=rate))
+    return replace(snapshot, jobs=tuple(jobs))
 
 
 def held_jobs(snapshot: ClusterSnapshot, settings: ChurnSettings) -> dict[str, str]:
@@ -130,6 +175,7 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
     plans = {k: kept for k, v in memory.plans.items()
              if (kept := tuple(p for p in v if now - p[0] < window))}
     jobs = {j.id: j for j in snapshot.jobs}
+    spare = _spare(targets, snapshot) if settings.scale_up_margin > 0 else {}
     out = []
     for t in targets:
         d = primary.get(t.job_id)
@@ -149,9 +195,12 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
             continue
         if window > 0:
             plans[t.job_id] = (*plans.get(t.job_id, ()), (now, key, t.replicas))
-        if same and t.replicas < planned and window > 0:
+        margin = settings.scale_up_margin
+        if same and t.replicas > planned and margin > 0:
+            t = _beyond(t, margin, spare)
+        elif same and t.replicas < planned and window > 0:
             peak = max(r for _, k, r in plans[t.job_id] if k == key)
-            band = settings.scale_down_band
+            band = max(settings.scale_down_band, math.floor(margin * peak))
             keep = planned if peak + band >= planned else max(t.replicas, peak + band)
             if keep != t.replicas:
                 t = replace(t, replicas=keep, reason=f"{t.reason}; scale-down held: "
@@ -162,5 +211,32 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
     return out, replace(memory, plans=plans)
 
 
+def _spare(targets: Sequence[Target], snapshot: ClusterSnapshot) -> dict[str, int]:
+    """GPUs per offering that ``targets`` leave free: the free ones less what each target
+    adds beyond the GPUs its job holds there."""
+    spare = {c.offering: c.free_gpus for c in snapshot.capacity}
+    held: dict[tuple[str, str], int] = {}
+    for d in _live(snapshot):
+        held[d.job_id, d.offering] = held.get((d.job_id, d.offering), 0) + d.gpus
+    for t in targets:
+        if t.decision == "place" and t.config is not None:
+            need = t.replicas * t.config.gpus_per_replica - held.get((t.job_id, t.offering), 0)
+            spare[t.offering] = spare.get(t.offering, 0) - max(need, 0)
+    return spare
+
+
+def _beyond(t: Target, margin: float, spare: dict[str, int]) -> Target:
+    """A scale-up ``t`` taken ``margin`` beyond its count (rounded down), as far as the
+    ``spare`` GPUs of its offering allow (and taken from them)."""
+    assert t.config is not None
+    per = t.config.gpus_per_replica
+    extra = min(math.floor(margin * t.replicas), max(spare.get(t.offering, 0), 0) // per)
+    if extra <= 0:
+        return t
+    spare[t.offering] -= extra * per
+    return replace(t, replicas=t.replicas + extra, reason=f"{t.reason}; scaled up {extra}"
+                   f" beyond the {t.replicas} planned (margin {margin:g})")
+
+
 __all__ = ["ENV_PREFIX", "ChurnMemory", "ChurnSettings", "estimate_sd", "held_jobs",
-           "remember", "stabilise"]
+           "planned_rate", "planning_view", "remember", "stabilise"]

@@ -57,6 +57,7 @@ from koi.planner.stability import (
     ChurnMemory,
     estimate_sd,
     held_jobs,
+    planning_view,
     remember,
     stabilise,
 )
@@ -126,11 +127,13 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     stage["propose"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    ev = evaluate_stage(proposals, snapshot, beliefs, calibrator, settings, catalog)
+    # the plan's stages read each online job's rate as planned (stability.planned_rate)
+    planning = planning_view(snapshot, memory, settings.churn)
+    ev = evaluate_stage(proposals, planning, beliefs, calibrator, settings, catalog)
     stage["evaluate"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    plan = compose_stage(ev, snapshot, settings, catalog, beliefs)
+    plan = compose_stage(ev, planning, settings, catalog, beliefs)
     stage["compose"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -139,7 +142,7 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     stage["place"] = time.perf_counter() - t
     stage["total"] = time.perf_counter() - t0
 
-    explanations = explain_stage(plan, ev, snapshot, beliefs, calibrator, settings, catalog)
+    explanations = explain_stage(plan, ev, planning, beliefs, calibrator, settings, catalog)
     report = tick_report(snapshot, plan, explanations, stage, len(ev), abs_error, beliefs,
                          calibrator, settings, catalog)
     running = running_deployments(snapshot)
