@@ -183,3 +183,19 @@ def test_a_scale_up_goes_its_margin_beyond_as_far_as_spare_gpus_allow():
     assert t.replicas == 10
     (t,), _ = stabilise([target(3)], with_free(0.0, 100, 2), ChurnMemory(), margin)
     assert t.replicas == 3                              # below 1 / margin: nothing beyond
+
+
+def test_a_scale_up_waits_for_plans_in_a_row_and_goes_to_the_fewest_they_asked():
+    confirm = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, scale_up_confirm=2)
+    s0 = snap(0, [dep(replicas=4)])
+    (t,), m = stabilise([target(7)], s0, remember(ChurnMemory(), s0), confirm)
+    assert t.replicas == 4 and "scale-up held: 7 planned" in t.reason   # one plan alone
+    s1 = snap(120, [dep(replicas=4)])
+    (t,), m = stabilise([target(9)], s1, remember(m, s1), confirm)
+    assert t.replicas == 7                     # the fewest of the two asked for
+    (t,), _ = stabilise([target(9, max_num_seqs=64)], s1, m, confirm)
+    assert t.replicas == 9                     # a new placement is not held
+    at_once = ChurnSettings(scale_down_window_s=0.0, scale_up_confirm=2)
+    (t,), m = stabilise([target(6)], s0, remember(ChurnMemory(), s0), at_once)
+    (t,), _ = stabilise([target(6)], s1, remember(m, s1), at_once)
+    assert t.replicas == 6                     # remembered without a scale-down window

@@ -34,6 +34,10 @@ class ChurnSettings(BaseModel):
         "planned (rounded down: no extra replica below 1/margin), and the scale-down band "
         "widens to the same share of the most planned, so a count that keeps creeping up "
         "(a batch job falling behind its pace) is not raised one replica a tick (0: off).")
+    scale_up_confirm: int = Field(
+        1, ge=1, le=10, description="Plans in a row for the same placement that must ask "
+        "for more replicas than run before a scale-up, which goes to the fewest they asked "
+        "for (1: at once). A plan that asks for a new placement is not held.")
     rate_window_s: float = Field(
         0.0, ge=0.0, le=86_400.0, description="An online job is planned for the mean of "
         "its observed rates over this window, or over the last rate_rise_s where that is "
@@ -84,7 +88,8 @@ class ChurnSettings(BaseModel):
     def off(cls) -> ChurnSettings:
         """Every hold off: the planner as it was before plan stability."""
         return cls(make_before_break=False, scale_down_window_s=0.0, scale_down_band=0,
-                   scale_up_margin=0.0, rate_window_s=0.0, rate_rise_s=0.0, cooldown_s=0.0,
+                   scale_up_margin=0.0, scale_up_confirm=1, rate_window_s=0.0,
+                   rate_rise_s=0.0, cooldown_s=0.0,
                    move_value_h=0.0, uncertainty_z=0.0, default_max_moves_per_hour=0.0)
 
 

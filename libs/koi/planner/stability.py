@@ -172,8 +172,9 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
     for live in _live(snapshot):
         if live.state == DeploymentState.RUNNING and live.job_id not in primary:
             primary[live.job_id] = live
+    keep_s = max(window, settings.scale_up_confirm * snapshot.tick_s)
     plans = {k: kept for k, v in memory.plans.items()
-             if (kept := tuple(p for p in v if now - p[0] < window))}
+             if (kept := tuple(p for p in v if now - p[0] < keep_s))}
     jobs = {j.id: j for j in snapshot.jobs}
     spare = _spare(targets, snapshot) if settings.scale_up_margin > 0 else {}
     out = []
@@ -193,13 +194,16 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
                                reason=f"{t.reason}; held back: {recent} moves in the last"
                                       f" hour, its limit is {limit:g} per hour"))
             continue
-        if window > 0:
+        if window > 0 or settings.scale_up_confirm > 1:
             plans[t.job_id] = (*plans.get(t.job_id, ()), (now, key, t.replicas))
         margin = settings.scale_up_margin
+        if same and t.replicas > planned:
+            t = _confirmed(t, plans.get(t.job_id, ()), key, planned,
+                           settings.scale_up_confirm)
         if same and t.replicas > planned and margin > 0:
             t = _beyond(t, margin, spare)
         elif same and t.replicas < planned and window > 0:
-            peak = max(r for _, k, r in plans[t.job_id] if k == key)
+            peak = max(r for when, k, r in plans[t.job_id] if k == key and now - when < window)
             band = max(settings.scale_down_band, math.floor(margin * peak))
             keep = planned if peak + band >= planned else max(t.replicas, peak + band)
             if keep != t.replicas:
@@ -209,6 +213,23 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
                             + (f", and a band of {band})" if band else ")"))
         out.append(t)
     return out, replace(memory, plans=plans)
+
+
+def _confirmed(t: Target, plans: Sequence[tuple[float, str, int]], key: str, running: int,
+               confirm: int) -> Target:
+    """A scale-up ``t`` of a job running ``running`` replicas as the last ``confirm`` plans
+    (``plans``, newest last, this one included) confirm it: to the fewest they asked for
+    if each asked for more than runs on the same placement, else kept at ``running``."""
+    if confirm <= 1:
+        return t
+    last = plans[-confirm:]
+    asked = min(r for _, _, r in last) if len(last) == confirm \
+        and all(k == key for _, k, _ in last) else running
+    asked = max(asked, running)
+    if asked == t.replicas:
+        return t
+    return replace(t, replicas=asked, reason=f"{t.reason}; scale-up held: {t.replicas} "
+                   f"planned, {asked} asked for by each of the last {confirm} plans")
 
 
 def _spare(targets: Sequence[Target], snapshot: ClusterSnapshot) -> dict[str, int]:
