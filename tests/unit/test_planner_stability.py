@@ -199,3 +199,14 @@ def test_a_scale_up_waits_for_plans_in_a_row_and_goes_to_the_fewest_they_asked()
     (t,), m = stabilise([target(6)], s0, remember(ChurnMemory(), s0), at_once)
     (t,), _ = stabilise([target(6)], s1, remember(m, s1), at_once)
     assert t.replicas == 6                     # remembered without a scale-down window
+
+
+def test_a_falling_count_steps_down_once_per_gap_not_a_replica_a_tick():
+    gap = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, scale_down_gap_s=600.0)
+    m = ChurnMemory(moves={"a": (0.0,)})
+    s = snap(360, [dep(replicas=6)])
+    (t,), m2 = stabilise([target(3)], s, remember(m, s), gap)
+    assert t.replicas == 6 and "its last move 360 s ago" in t.reason
+    s = snap(600, [dep(replicas=6)])
+    (t,), _ = stabilise([target(3)], s, remember(m2, s), gap)
+    assert t.replicas == 3

@@ -29,6 +29,10 @@ class ChurnSettings(BaseModel):
         1, ge=0, le=16, description="Replicas a scale-down must clear: a job scales down "
         "only when the most planned over the window is more than this many below what it "
         "runs, and then to that most plus this many (0: to the most planned).")
+    scale_down_gap_s: float = Field(
+        0.0, ge=0.0, le=86_400.0, description="A job scales down only when its last move "
+        "(of any kind) is at least this long ago, so a falling count steps down once, not "
+        "a replica a tick as the window slides (0: off).")
     scale_up_margin: float = Field(
         0.0, ge=0.0, le=1.0, description="A scale-up goes this share beyond the count "
         "planned (rounded down: no extra replica below 1/margin), and the scale-down band "
@@ -88,7 +92,8 @@ class ChurnSettings(BaseModel):
     def off(cls) -> ChurnSettings:
         """Every hold off: the planner as it was before plan stability."""
         return cls(make_before_break=False, scale_down_window_s=0.0, scale_down_band=0,
-                   scale_up_margin=0.0, scale_up_confirm=1, rate_window_s=0.0,
+                   scale_down_gap_s=0.0, scale_up_margin=0.0, scale_up_confirm=1,
+                   rate_window_s=0.0,
                    rate_rise_s=0.0, cooldown_s=0.0,
                    move_value_h=0.0, uncertainty_z=0.0, default_max_moves_per_hour=0.0)
 

@@ -8,6 +8,12 @@ The holds, each with a setting in ``ChurnSettings`` (``KOI_CHURN_<FIELD>`` overr
   the one after; growth is immediate. With ``scale_down_band`` the count must also fall
   more than that many replicas below what runs (a dead band: a plan that wavers
   between n and n+1 on a noisy rate keeps n+1);
+* **one step down** (``scale_down_gap_s``): a job scales down only once its last move
+  is that long ago, so a count falling with the sliding window steps down once;
+* **scale-up confirmation** (``scale_up_confirm``): a scale-up of the same placement
+  waits for that many plans in a row asking for more, to the fewest they asked (a
+  count that jumps for one tick — a risk margin bought with GPUs spare that tick, a
+  pass estimate's wobble — is not followed);
 * **scale-up margin** (``scale_up_margin``): a scale-up goes a share beyond the count
   planned and the band widens to the same share, so a count that creeps up a replica a
   tick (a batch job behind its pace) moves once for several ticks;
@@ -206,11 +212,16 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
             peak = max(r for when, k, r in plans[t.job_id] if k == key and now - when < window)
             band = max(settings.scale_down_band, math.floor(margin * peak))
             keep = planned if peak + band >= planned else max(t.replicas, peak + band)
+            last = max(memory.moves.get(t.job_id, ()), default=None)
+            if last is not None and now - last < settings.scale_down_gap_s:
+                keep = planned
             if keep != t.replicas:
+                gap = (f"; its last move {now - last:.0f} s ago" if last is not None
+                       and now - last < settings.scale_down_gap_s else "")
                 t = replace(t, replicas=keep, reason=f"{t.reason}; scale-down held: "
                             f"{t.replicas} planned, keeping {keep} (the most planned in "
                             f"the last {window:.0f} s: {peak}"
-                            + (f", and a band of {band})" if band else ")"))
+                            + (f", and a band of {band}" if band else "") + f"{gap})")
         out.append(t)
     return out, replace(memory, plans=plans)
 
