@@ -210,3 +210,13 @@ def test_a_falling_count_steps_down_once_per_gap_not_a_replica_a_tick():
     s = snap(600, [dep(replicas=6)])
     (t,), _ = stabilise([target(3)], s, remember(m2, s), gap)
     assert t.replicas == 3
+
+
+def test_a_starting_deployment_is_held_like_a_running_one():
+    s0 = snap(0, [dep(replicas=4)])
+    _, m = stabilise([target(4)], s0, remember(ChurnMemory(), s0), S)
+    starting = Deployment("d1", "a", cfg().with_(offering=OFF, replicas=4), OFF,
+                          DeploymentState.STARTING, 0, 4, 0.0)
+    s1 = snap(120, [starting])
+    (t,), _ = stabilise([target(3)], s1, remember(m, s1), S)
+    assert t.replicas == 4 and "scale-down held" in t.reason

@@ -175,9 +175,11 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
     now = snapshot.time_s
     window = settings.scale_down_window_s
     primary: dict[str, Deployment] = {}
+    by_key: dict[tuple[str, str], Deployment] = {}
     for live in _live(snapshot):
         if live.state == DeploymentState.RUNNING and live.job_id not in primary:
             primary[live.job_id] = live
+        by_key.setdefault((live.job_id, _key(live.config, live.offering)), live)
     keep_s = max(window, settings.scale_up_confirm * snapshot.tick_s)
     plans = {k: kept for k, v in memory.plans.items()
              if (kept := tuple(p for p in v if now - p[0] < keep_s))}
@@ -185,11 +187,14 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
     spare = _spare(targets, snapshot) if settings.scale_up_margin > 0 else {}
     out = []
     for t in targets:
-        d = primary.get(t.job_id)
+        # the deployment the target would resize: the job's on the same placement, still
+        # starting or not (a fresh launch, a swap's successor), else its running one
+        key = _key(t.config, t.offering) if t.config is not None else ""
+        d = by_key.get((t.job_id, key)) or primary.get(t.job_id)
         if t.decision != "place" or t.config is None or d is None:
             out.append(t)
             continue
-        key, planned = _key(t.config, t.offering), d.config.replicas
+        planned = d.config.replicas
         same = key == _key(d.config, d.offering)
         status = jobs.get(t.job_id)
         limit = (status.spec.max_moves_per_hour if status is not None else 0.0) \
