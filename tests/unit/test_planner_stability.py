@@ -220,3 +220,16 @@ def test_a_starting_deployment_is_held_like_a_running_one():
     s1 = snap(120, [starting])
     (t,), _ = stabilise([target(3)], s1, remember(m, s1), S)
     assert t.replicas == 4 and "scale-down held" in t.reason
+
+
+def test_a_cool_down_does_not_hold_a_job_where_what_it_runs_misses_its_slo():
+    from koi.planner.propose import Proposal
+    from koi.planner.stability import binding_holds
+
+    s = snap(300, [dep(started=180.0)])
+    held = held_jobs(s, S)
+    runs, other = Proposal("a", cfg(), ""), Proposal("a", cfg(max_num_seqs=64), "")
+    assert binding_holds(held, [runs, other], [True, False], s) == held
+    assert binding_holds(held, [runs, other], [False, True], s) == {}
+    pinned = snap(300, [dep(started=180.0)], [job(pinned=True)])
+    assert binding_holds(held_jobs(pinned, S), [runs], [False], pinned) != {}

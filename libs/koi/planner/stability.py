@@ -51,6 +51,7 @@ from koi.causal.store import BeliefStore
 from koi.cluster import ClusterSnapshot, Deployment, DeploymentState
 from koi.planner.churn_settings import ENV_PREFIX, ChurnSettings
 from koi.planner.place import Target
+from koi.planner.propose import Proposal
 from koi.space import DeploymentConfig
 
 HOUR_S = 3600.0
@@ -153,6 +154,23 @@ def held_jobs(snapshot: ClusterSnapshot, settings: ChurnSettings) -> dict[str, s
             out[j.id] = (f"held back: cooling down, placed {now - newest[j.id]:.0f} s ago"
                          f" (cool-down {settings.cooldown_s:.0f} s)")
     return out
+
+
+def binding_holds(held: Mapping[str, str], proposals: Sequence[Proposal],
+                  feasible: Sequence[bool], snapshot: ClusterSnapshot) -> dict[str, str]:
+    """The ``held`` jobs' holds that bind this tick: a cooling-down job is held only while
+    a configuration it runs still meets its SLO robustly (``feasible``, aligned with the
+    evaluated ``proposals``). Offered only a placement that misses, the composer rejected
+    it and the placer stopped it — an online outage and a relaunch elsewhere the next
+    tick, which the hold was there to prevent (hetero-3h s1: code-review-70b stopped 8
+    times). A pinned job stays held: its operator said so."""
+    running: dict[str, set[DeploymentConfig]] = {}
+    for d in _live(snapshot):
+        running.setdefault(d.job_id, set()).add(d.config.with_(offering="", replicas=1))
+    pinned = {j.id for j in snapshot.jobs if j.spec.pinned}
+    ok = {p.job_id for p, f in zip(proposals, feasible, strict=True)
+          if f and p.config in running.get(p.job_id, ())}
+    return {j: why for j, why in held.items() if j in ok or j in pinned or j not in running}
 
 
 def estimate_sd(beliefs: BeliefStore, scope: Scope) -> float:
@@ -275,5 +293,5 @@ def _beyond(t: Target, margin: float, spare: dict[str, int]) -> Target:
                    f" beyond the {t.replicas} planned (margin {margin:g})")
 
 
-__all__ = ["ENV_PREFIX", "ChurnMemory", "ChurnSettings", "estimate_sd", "held_jobs",
-           "planned_rate", "planning_view", "remember", "stabilise"]
+__all__ = ["ENV_PREFIX", "ChurnMemory", "ChurnSettings", "binding_holds", "estimate_sd",
+           "held_jobs", "planned_rate", "planning_view", "remember", "stabilise"]

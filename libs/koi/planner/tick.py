@@ -55,6 +55,7 @@ from koi.planner.propose import Hints, MechanismHint, Proposal, propose
 from koi.planner.settings import KoiSettings
 from koi.planner.stability import (
     ChurnMemory,
+    binding_holds,
     estimate_sd,
     held_jobs,
     planning_view,
@@ -243,7 +244,8 @@ def compose_stage(ev: Evaluated, snapshot: ClusterSnapshot, settings: KoiSetting
     keeps its placement (only its current configuration is offered) and its reason
     says why. With ``beliefs`` and ``KOI_CHURN_UNCERTAINTY_Z`` a running job's other
     options are discounted by their estimate's uncertainty (``stability.estimate_sd``)."""
-    held = held_jobs(snapshot, settings.churn)
+    held = binding_holds(held_jobs(snapshot, settings.churn), ev.proposals, ev.slo_feasible,
+                         snapshot)
     sd = None
     if beliefs is not None and settings.churn.uncertainty_z > 0 and settings.use_beliefs:
         by_scope: dict[Scope, float] = {}
