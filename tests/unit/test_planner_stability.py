@@ -233,3 +233,19 @@ def test_a_cool_down_does_not_hold_a_job_where_what_it_runs_misses_its_slo():
     assert binding_holds(held, [runs, other], [False, True], s) == {}
     pinned = snap(300, [dep(started=180.0)], [job(pinned=True)])
     assert binding_holds(held_jobs(pinned, S), [runs], [False], pinned) != {}
+
+
+def test_a_cool_down_does_not_hold_a_job_on_an_offering_stocked_out():
+    from koi.cluster import OfferingCapacity
+    from koi.planner.propose import Proposal
+    from koi.planner.stability import binding_holds
+
+    def at(total: int) -> ClusterSnapshot:
+        s = snap(300, [dep(started=180.0)])
+        return ClusterSnapshot(s.tick, s.time_s, s.tick_s, s.horizon_s,
+                               (OfferingCapacity(OFF, total, min(total, 4)),),
+                               s.deployments, s.jobs)
+
+    runs = Proposal("a", cfg(), "")
+    assert binding_holds(held_jobs(at(8), S), [runs], [True], at(8)) != {}
+    assert binding_holds(held_jobs(at(0), S), [runs], [True], at(0)) == {}

@@ -163,10 +163,14 @@ def binding_holds(held: Mapping[str, str], proposals: Sequence[Proposal],
     evaluated ``proposals``). Offered only a placement that misses, the composer rejected
     it and the placer stopped it — an online outage and a relaunch elsewhere the next
     tick, which the hold was there to prevent (hetero-3h s1: code-review-70b stopped 8
-    times). A pinned job stays held: its operator said so."""
+    times); so too where its offering has no GPUs left (a stock-out). A pinned job
+    stays held: its operator said so."""
     running: dict[str, set[DeploymentConfig]] = {}
+    gone = {c.offering for c in snapshot.capacity if c.total_gpus <= 0}
     for d in _live(snapshot):
-        running.setdefault(d.job_id, set()).add(d.config.with_(offering="", replicas=1))
+        shapes = running.setdefault(d.job_id, set())
+        if d.offering not in gone:   # an offering gone (a stock-out) offers nothing
+            shapes.add(d.config.with_(offering="", replicas=1))
     pinned = {j.id for j in snapshot.jobs if j.spec.pinned}
     ok = {p.job_id for p, f in zip(proposals, feasible, strict=True)
           if f and p.config in running.get(p.job_id, ())}
