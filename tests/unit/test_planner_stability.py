@@ -249,3 +249,24 @@ def test_a_cool_down_does_not_hold_a_job_on_an_offering_stocked_out():
     runs = Proposal("a", cfg(), "")
     assert binding_holds(held_jobs(at(8), S), [runs], [True], at(8)) != {}
     assert binding_holds(held_jobs(at(0), S), [runs], [True], at(0)) == {}
+
+
+def test_a_held_scale_down_gives_back_the_gpus_another_job_was_planned():
+    from koi.cluster import OfferingCapacity
+
+    per = cfg().gpus_per_replica
+    one_free = (OfferingCapacity(OFF, 7 * per, 6 * per),)
+    s = snap(120, [dep(replicas=6)])
+    s = ClusterSnapshot(s.tick, s.time_s, s.tick_s, s.horizon_s, one_free, s.deployments,
+                        s.jobs)
+    m = ChurnMemory(plans={"a": ((60.0, _key_of(), 6),)})
+    other = Target("b", "place", "plan", cfg(max_num_seqs=64), OFF, 3)   # 3 new: 2 short
+    (t, _), _ = stabilise([target(2), other], s, remember(m, s), S)
+    assert t.replicas == 4 and "2 given back for another job's growth" in t.reason
+    (t,), _ = stabilise([target(2)], s, remember(m, s), S)
+    assert t.replicas == 6                       # nobody needs them: the window holds
+
+
+def _key_of() -> str:
+    from koi.planner.stability import _key
+    return _key(cfg(), OFF)

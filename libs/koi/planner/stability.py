@@ -206,7 +206,7 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
     plans = {k: kept for k, v in memory.plans.items()
              if (kept := tuple(p for p in v if now - p[0] < keep_s))}
     jobs = {j.id: j for j in snapshot.jobs}
-    spare = _spare(targets, snapshot) if settings.scale_up_margin > 0 else {}
+    spare = _spare(targets, snapshot)
     out = []
     for t in targets:
         # the deployment the target would resize: the job's on the same placement, still
@@ -242,15 +242,32 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
             last = max(memory.moves.get(t.job_id, ()), default=None)
             if last is not None and now - last < settings.scale_down_gap_s:
                 keep = planned
+            wanted, keep = keep, _yield(t, keep, spare)
             if keep != t.replicas:
                 gap = (f"; its last move {now - last:.0f} s ago" if last is not None
                        and now - last < settings.scale_down_gap_s else "")
+                if keep < wanted:
+                    gap += f"; {wanted - keep} given back for another job's growth"
                 t = replace(t, replicas=keep, reason=f"{t.reason}; scale-down held: "
                             f"{t.replicas} planned, keeping {keep} (the most planned in "
                             f"the last {window:.0f} s: {peak}"
                             + (f", and a band of {band}" if band else "") + f"{gap})")
         out.append(t)
     return out, replace(memory, plans=plans)
+
+
+def _yield(t: Target, keep: int, spare: dict[str, int]) -> int:
+    """The count a held scale-down ``t`` keeps (``keep``, more than it plans) once it
+    gives back the GPUs the plan's growth on its offering needs beyond the free ones
+    (``spare`` below 0): a hold never keeps GPUs the composer gave another job, which
+    would then wait for them (gen-medium-3: a new job deferred 12 ticks)."""
+    assert t.config is not None
+    per = t.config.gpus_per_replica
+    short = max(-spare.get(t.offering, 0), 0)
+    back = min(keep - t.replicas, -(-short // per))
+    if back > 0:
+        spare[t.offering] = spare.get(t.offering, 0) + back * per
+    return keep - max(back, 0)
 
 
 def _confirmed(t: Target, plans: Sequence[tuple[float, str, int]], key: str, running: int,
