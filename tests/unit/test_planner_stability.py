@@ -13,7 +13,8 @@ from koi.planner.stability import ChurnMemory, ChurnSettings, held_jobs, remembe
 from koi.space import engine_default_config
 
 OFF = "aws/us-east-1/h100-sxm/on_demand"
-S = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, cooldown_s=900.0)
+S = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, cooldown_s=900.0,
+                  scale_up_confirm=1)
 
 
 def job(**extra) -> JobStatus:
@@ -163,7 +164,8 @@ def test_rates_are_remembered_per_online_job_and_planned_in_the_view():
 def test_a_scale_up_goes_its_margin_beyond_as_far_as_spare_gpus_allow():
     from koi.cluster import OfferingCapacity
 
-    margin = ChurnSettings(scale_down_window_s=300.0, scale_down_band=1, scale_up_margin=0.25)
+    margin = ChurnSettings(scale_down_window_s=300.0, scale_down_band=1, scale_up_margin=0.25,
+                           scale_up_confirm=1)
 
     def with_free(t: float, free: int, replicas: int) -> ClusterSnapshot:
         s = snap(t, [dep(replicas=replicas)])
@@ -262,8 +264,11 @@ def test_a_held_scale_down_gives_back_the_gpus_another_job_was_planned():
     m = ChurnMemory(plans={"a": ((60.0, _key_of(), 6),)})
     other = Target("b", "place", "plan", cfg(max_num_seqs=64), OFF, 3)   # 3 new: 2 short
     (t, _), _ = stabilise([target(2), other], s, remember(m, s), S)
+    assert t.replicas == 6                       # off by default: the hold keeps them
+    yields = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, scale_down_yield=True)
+    (t, _), _ = stabilise([target(2), other], s, remember(m, s), yields)
     assert t.replicas == 4 and "2 given back for another job's growth" in t.reason
-    (t,), _ = stabilise([target(2)], s, remember(m, s), S)
+    (t,), _ = stabilise([target(2)], s, remember(m, s), yields)
     assert t.replicas == 6                       # nobody needs them: the window holds
 
 

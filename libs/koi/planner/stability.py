@@ -242,7 +242,8 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
             last = max(memory.moves.get(t.job_id, ()), default=None)
             if last is not None and now - last < settings.scale_down_gap_s:
                 keep = planned
-            wanted, keep = keep, _yield(t, keep, spare)
+            wanted, keep = keep, (_yield(t, keep, spare) if settings.scale_down_yield
+                                  else keep)
             if keep != t.replicas:
                 gap = (f"; its last move {now - last:.0f} s ago" if last is not None
                        and now - last < settings.scale_down_gap_s else "")
