@@ -87,8 +87,8 @@ def remember(memory: ChurnMemory, snapshot: ClusterSnapshot) -> ChurnMemory:
     planned replicas changed) and each online job's observed rate (a tick that counted
     none is not an observation: the first one, before any request), kept for an hour."""
     now = snapshot.time_s
-    rates = {k: kept for k, v in memory.rates.items()
-             if (kept := tuple(p for p in v if now - p[0] < HOUR_S and p[0] < now))}
+    rates = {k: recent for k, v in memory.rates.items()
+             if (recent := tuple(p for p in v if now - p[0] < HOUR_S and p[0] < now))}
     for j in snapshot.jobs:
         if j.is_online and j.observed_rate_rps > 0:
             rates[j.id] = (*rates.get(j.id, ()), (now, j.observed_rate_rps))

@@ -244,8 +244,8 @@ def compose_stage(ev: Evaluated, snapshot: ClusterSnapshot, settings: KoiSetting
     keeps its placement (only its current configuration is offered) and its reason
     says why. With ``beliefs`` and ``KOI_CHURN_UNCERTAINTY_Z`` a running job's other
     options are discounted by their estimate's uncertainty (``stability.estimate_sd``)."""
-    held = binding_holds(held_jobs(snapshot, settings.churn), ev.proposals, ev.slo_feasible,
-                         snapshot)
+    held = binding_holds(held_jobs(snapshot, settings.churn), ev.proposals,
+                         ev.slo_feasible.tolist(), snapshot)
     sd = None
     if beliefs is not None and settings.churn.uncertainty_z > 0 and settings.use_beliefs:
         by_scope: dict[Scope, float] = {}
