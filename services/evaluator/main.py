@@ -10,15 +10,19 @@ the Redis prediction cache. The joined scores are composed into one plan
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
 from koi import subjects
+from koi.cluster import ClusterSnapshot
+from koi.planner.churn_settings import ChurnSettings
 from koi.planner.evaluate import Evaluated
 from koi.planner.propose import Proposal
 from koi.planner.settings import settings_for
+from koi.planner.stability import ChurnMemory, planning_view, remember
 from koi.planner.tick import TickInputs, compose_stage, evaluate_stage, explain_stage, tick_inputs
 from koi.v1 import work_pb2
 from koi.wire import planning
@@ -87,6 +91,29 @@ async def _tell_cache_health(ctx: ServiceContext, cache: PredictionCache, tick: 
                         attributes={"phase": "cache_up"})
 
 
+async def planning_snapshot(reader: TickReader, tick: int, churn: ChurnSettings
+                            ) -> ClusterSnapshot:
+    """Tick ``tick``'s snapshot as the plan's stages read it (``stability.planning_view``:
+    each online job at its planned rate), its rate history read back from the snapshots
+    of the window before it on the tick stream, so every replica plans the same rates
+    and the in-process planner's memory is matched without per-process state."""
+    snapshot = await reader.snapshot(tick)
+    if churn.rate_window_s <= 0 or churn.rate_rise_s <= 0:
+        return snapshot
+    done = reader.cached(tick, "planning")
+    if done is not None:
+        return done   # this tick's shards read it once
+    back = math.ceil(churn.rate_window_s / max(snapshot.tick_s, 1e-9))
+    memory = ChurnMemory()
+    for k in range(min(back, tick), 0, -1):
+        earlier = await reader.snapshot(tick - k, wait=False)
+        if earlier is not None:
+            memory = remember(memory, earlier)
+    view = planning_view(snapshot, remember(memory, snapshot), churn)
+    reader.put(tick, "planning", view)
+    return view
+
+
 async def run(ctx: ServiceContext) -> None:
     settings = settings_for(ctx.settings.policy)
     reader = TickReader(ctx.bus, ctx.settings.stage_deadline_s)
@@ -96,7 +123,7 @@ async def run(ctx: ServiceContext) -> None:
 
     async def inputs_of(tick: int) -> TickInputs:
         if not last or last[0][0] != tick:
-            snapshot = await reader.snapshot(tick)
+            snapshot = await planning_snapshot(reader, tick, settings.churn)
             beliefs, calibrator, _ = await reader.causal(tick)
             last[:] = [(tick, tick_inputs(snapshot, beliefs, calibrator, settings,
                                           ctx.catalog))]

@@ -52,6 +52,10 @@ class TickReader:
             self._cache.popitem(last=False)
         return value
 
+    def cached(self, tick: int, name: str) -> Any:
+        """What ``put`` holds for (tick, name), or None."""
+        return self._cache.get((tick, name))
+
     def put(self, tick: int, stage: str, value: Any) -> None:
         """Hold an artefact this process decoded itself (its own work items hit it)."""
         self._cache[(tick, stage)] = value

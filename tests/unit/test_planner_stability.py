@@ -13,7 +13,8 @@ from koi.planner.stability import ChurnMemory, ChurnSettings, held_jobs, remembe
 from koi.space import engine_default_config
 
 OFF = "aws/us-east-1/h100-sxm/on_demand"
-S = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, cooldown_s=900.0)
+S = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, cooldown_s=900.0,
+                  scale_up_confirm=1)
 
 
 def job(**extra) -> JobStatus:
@@ -122,3 +123,155 @@ def test_a_dead_band_keeps_a_plan_wavering_by_one():
     assert t.replicas == 4                        # the window's most (3) is within the band
     (t,), _ = stabilise([target(1)], snap(600, [dep(replicas=4)]), m, banded)
     assert t.replicas == 2                        # the window's most is 1: to 1 + the band
+
+
+RATES = ChurnSettings(rate_window_s=600.0, rate_rise_s=120.0)
+
+
+def test_a_rise_is_planned_for_at_once_a_fall_once_the_window_saw_it():
+    from koi.planner.stability import planned_rate
+
+    steady = [(60.0 * i, 2.0) for i in range(10)]
+    assert planned_rate(steady, 540.0, RATES) == pytest.approx(2.0)
+    up = [*steady, (600.0, 4.0)]
+    assert planned_rate(up, 600.0, RATES) == pytest.approx((2.0 + 4.0) / 2)
+    down = [*steady, (600.0, 1.0)]                  # one low tick: the window's mean
+    assert planned_rate(down, 600.0, RATES) == pytest.approx((9 * 2.0 + 1.0) / 10)
+    low = [*steady, *((600.0 + 60.0 * i, 1.0) for i in range(10))]
+    assert planned_rate(low, 1140.0, RATES) == pytest.approx(1.0)
+    assert planned_rate(down, 600.0, ChurnSettings.off()) == 1.0
+    assert planned_rate([], 600.0, RATES) is None
+
+
+def test_rates_are_remembered_per_online_job_and_planned_in_the_view():
+    from koi.planner.stability import planning_view
+
+    def at(t: float, rate: float) -> ClusterSnapshot:
+        return snap(t, [dep()], [JobStatus(job().spec, True, False, observed_rate_rps=rate)])
+
+    m = remember(ChurnMemory(), at(0.0, 0.0))        # nothing counted yet: no observation
+    assert m.rates == {}
+    for t, r in ((60.0, 2.0), (120.0, 1.0), (180.0, 1.0), (240.0, 1.0)):
+        m = remember(m, at(t, r))
+    m = remember(m, at(240.0, 1.0))                  # the same snapshot twice: one sample
+    assert m.rates["a"] == ((60.0, 2.0), (120.0, 1.0), (180.0, 1.0), (240.0, 1.0))
+    (j,) = planning_view(at(240.0, 1.0), m, RATES).jobs
+    assert j.observed_rate_rps == pytest.approx(5.0 / 4)
+    (j,) = planning_view(at(240.0, 1.0), m, ChurnSettings.off()).jobs
+    assert j.observed_rate_rps == 1.0
+
+
+def test_a_scale_up_goes_its_margin_beyond_as_far_as_spare_gpus_allow():
+    from koi.cluster import OfferingCapacity
+
+    margin = ChurnSettings(scale_down_window_s=300.0, scale_down_band=1, scale_up_margin=0.25,
+                           scale_up_confirm=1)
+
+    def with_free(t: float, free: int, replicas: int) -> ClusterSnapshot:
+        s = snap(t, [dep(replicas=replicas)])
+        used = replicas * cfg().gpus_per_replica
+        return ClusterSnapshot(s.tick, t, s.tick_s, s.horizon_s,
+                               (OfferingCapacity(OFF, used + free, used),), s.deployments,
+                               s.jobs)
+
+    s = with_free(0.0, 100, 4)
+    (t,), m = stabilise([target(8)], s, remember(ChurnMemory(), s), margin)
+    assert t.replicas == 10 and "scaled up 2 beyond the 8 planned" in t.reason
+    s = with_free(0.0, 5 * cfg().gpus_per_replica, 4)   # 4 more planned, room for 1 beyond
+    (t,), _ = stabilise([target(8)], s, remember(ChurnMemory(), s), margin)
+    assert t.replicas == 9
+    s = with_free(120.0, 100, 10)                       # 8 planned within the widened band
+    (t,), _ = stabilise([target(8)], s, remember(m, s), margin)
+    assert t.replicas == 10
+    (t,), _ = stabilise([target(3)], with_free(0.0, 100, 2), ChurnMemory(), margin)
+    assert t.replicas == 3                              # below 1 / margin: nothing beyond
+
+
+def test_a_scale_up_waits_for_plans_in_a_row_and_goes_to_the_fewest_they_asked():
+    confirm = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, scale_up_confirm=2)
+    s0 = snap(0, [dep(replicas=4)])
+    (t,), m = stabilise([target(7)], s0, remember(ChurnMemory(), s0), confirm)
+    assert t.replicas == 4 and "scale-up held: 7 planned" in t.reason   # one plan alone
+    s1 = snap(120, [dep(replicas=4)])
+    (t,), m = stabilise([target(9)], s1, remember(m, s1), confirm)
+    assert t.replicas == 7                     # the fewest of the two asked for
+    (t,), _ = stabilise([target(9, max_num_seqs=64)], s1, m, confirm)
+    assert t.replicas == 9                     # a new placement is not held
+    at_once = ChurnSettings(scale_down_window_s=0.0, scale_up_confirm=2)
+    (t,), m = stabilise([target(6)], s0, remember(ChurnMemory(), s0), at_once)
+    (t,), _ = stabilise([target(6)], s1, remember(m, s1), at_once)
+    assert t.replicas == 6                     # remembered without a scale-down window
+
+
+def test_a_falling_count_steps_down_once_per_gap_not_a_replica_a_tick():
+    gap = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, scale_down_gap_s=600.0)
+    m = ChurnMemory(moves={"a": (0.0,)})
+    s = snap(360, [dep(replicas=6)])
+    (t,), m2 = stabilise([target(3)], s, remember(m, s), gap)
+    assert t.replicas == 6 and "its last move 360 s ago" in t.reason
+    s = snap(600, [dep(replicas=6)])
+    (t,), _ = stabilise([target(3)], s, remember(m2, s), gap)
+    assert t.replicas == 3
+
+
+def test_a_starting_deployment_is_held_like_a_running_one():
+    s0 = snap(0, [dep(replicas=4)])
+    _, m = stabilise([target(4)], s0, remember(ChurnMemory(), s0), S)
+    starting = Deployment("d1", "a", cfg().with_(offering=OFF, replicas=4), OFF,
+                          DeploymentState.STARTING, 0, 4, 0.0)
+    s1 = snap(120, [starting])
+    (t,), _ = stabilise([target(3)], s1, remember(m, s1), S)
+    assert t.replicas == 4 and "scale-down held" in t.reason
+
+
+def test_a_cool_down_does_not_hold_a_job_where_what_it_runs_misses_its_slo():
+    from koi.planner.propose import Proposal
+    from koi.planner.stability import binding_holds
+
+    s = snap(300, [dep(started=180.0)])
+    held = held_jobs(s, S)
+    runs, other = Proposal("a", cfg(), ""), Proposal("a", cfg(max_num_seqs=64), "")
+    assert binding_holds(held, [runs, other], [True, False], s) == held
+    assert binding_holds(held, [runs, other], [False, True], s) == {}
+    pinned = snap(300, [dep(started=180.0)], [job(pinned=True)])
+    assert binding_holds(held_jobs(pinned, S), [runs], [False], pinned) != {}
+
+
+def test_a_cool_down_does_not_hold_a_job_on_an_offering_stocked_out():
+    from koi.cluster import OfferingCapacity
+    from koi.planner.propose import Proposal
+    from koi.planner.stability import binding_holds
+
+    def at(total: int) -> ClusterSnapshot:
+        s = snap(300, [dep(started=180.0)])
+        return ClusterSnapshot(s.tick, s.time_s, s.tick_s, s.horizon_s,
+                               (OfferingCapacity(OFF, total, min(total, 4)),),
+                               s.deployments, s.jobs)
+
+    runs = Proposal("a", cfg(), "")
+    assert binding_holds(held_jobs(at(8), S), [runs], [True], at(8)) != {}
+    assert binding_holds(held_jobs(at(0), S), [runs], [True], at(0)) == {}
+
+
+def test_a_held_scale_down_gives_back_the_gpus_another_job_was_planned():
+    from koi.cluster import OfferingCapacity
+
+    per = cfg().gpus_per_replica
+    one_free = (OfferingCapacity(OFF, 7 * per, 6 * per),)
+    s = snap(120, [dep(replicas=6)])
+    s = ClusterSnapshot(s.tick, s.time_s, s.tick_s, s.horizon_s, one_free, s.deployments,
+                        s.jobs)
+    m = ChurnMemory(plans={"a": ((60.0, _key_of(), 6),)})
+    other = Target("b", "place", "plan", cfg(max_num_seqs=64), OFF, 3)   # 3 new: 2 short
+    (t, _), _ = stabilise([target(2), other], s, remember(m, s), S)
+    assert t.replicas == 6                       # off by default: the hold keeps them
+    yields = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, scale_down_yield=True)
+    (t, _), _ = stabilise([target(2), other], s, remember(m, s), yields)
+    assert t.replicas == 4 and "2 given back for another job's growth" in t.reason
+    (t,), _ = stabilise([target(2)], s, remember(m, s), yields)
+    assert t.replicas == 6                       # nobody needs them: the window holds
+
+
+def _key_of() -> str:
+    from koi.planner.stability import _key
+    return _key(cfg(), OFF)

@@ -82,7 +82,8 @@ from koi.wire.planning import (
 )
 
 CATALOG = load_catalog()
-TICKS = 8  # enough for beliefs, mechanisms and a moving DRO radius (tick 4 on)
+TICKS = 14  # beliefs, mechanisms, a moving DRO radius (tick 4 on) and a scale (tick 13:
+#             the churn holds keep a fresh launch's count, so none comes earlier)
 
 
 def same(a: Any, b: Any) -> bool:

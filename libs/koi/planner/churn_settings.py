@@ -14,7 +14,8 @@ ENV_PREFIX = "KOI_CHURN_"
 
 
 class ChurnSettings(BaseModel):
-    """The fleet's churn settings. Defaults chosen on development seeds (NOTES.md)."""
+    """The fleet's churn settings. Defaults chosen on development seeds (generated medium
+    1-6 and hetero-3h s1; docs/history/ISSUE30-rate-2026-12-04.md)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -29,11 +30,38 @@ class ChurnSettings(BaseModel):
         1, ge=0, le=16, description="Replicas a scale-down must clear: a job scales down "
         "only when the most planned over the window is more than this many below what it "
         "runs, and then to that most plus this many (0: to the most planned).")
+    scale_down_gap_s: float = Field(
+        600.0, ge=0.0, le=86_400.0, description="A job scales down only when its last move "
+        "(of any kind) is at least this long ago, so a falling count steps down once, not "
+        "a replica a tick as the window slides (0: off).")
+    scale_down_yield: bool = Field(
+        False, description="A held scale-down gives back the GPUs the plan's growth on its "
+        "offering needs beyond the free ones (off: on development seeds it kept a new job "
+        "from waiting but undid most of the holds, flaps 14 -> 107).")
+    scale_up_margin: float = Field(
+        0.0, ge=0.0, le=1.0, description="A scale-up goes this share beyond the count "
+        "planned (rounded down: no extra replica below 1/margin), and the scale-down band "
+        "widens to the same share of the most planned, so a count that keeps creeping up "
+        "(a batch job falling behind its pace) is not raised one replica a tick (0: off).")
+    scale_up_confirm: int = Field(
+        2, ge=1, le=10, description="Plans in a row for the same placement that must ask "
+        "for more replicas than run before a scale-up, which goes to the fewest they asked "
+        "for (1: at once). A plan that asks for a new placement is not held.")
+    rate_window_s: float = Field(
+        600.0, ge=0.0, le=86_400.0, description="An online job is planned for the mean of "
+        "its observed rates over this window, or over the last rate_rise_s where that is "
+        "higher: a rise is planned for at once, a fall only once the window has seen it "
+        "(0: the last tick's rate alone, noisy by the thinned samples it counts).")
+    rate_rise_s: float = Field(
+        120.0, ge=0.0, le=86_400.0, description="The recent stretch whose mean rate, when "
+        "above the window's, is planned for instead (0: the last tick's rate alone).")
     cooldown_s: float = Field(
         900.0, ge=0.0, le=86_400.0, description="A job placed (launched, swapped or "
-        "relaunched) less than this long ago keeps its placement (it may still scale).")
+        "relaunched) less than this long ago keeps its placement (it may still scale), "
+        "while a configuration it runs still meets its SLO robustly on an offering that "
+        "has GPUs.")
     move_value_h: float = Field(
-        0.0, ge=0.0, le=10.0, description="A move that changes a running job's placement "
+        0.05, ge=0.0, le=10.0, description="A move that changes a running job's placement "
         "costs this many hours of the job's demand value in the composer's objective.")
     uncertainty_z: float = Field(
         0.0, ge=0.0, le=5.0, description="A running job's options are valued at their "
@@ -71,7 +99,8 @@ class ChurnSettings(BaseModel):
     def off(cls) -> ChurnSettings:
         """Every hold off: the planner as it was before plan stability."""
         return cls(make_before_break=False, scale_down_window_s=0.0, scale_down_band=0,
-                   cooldown_s=0.0,
+                   scale_down_gap_s=0.0, scale_down_yield=False, scale_up_margin=0.0,
+                   scale_up_confirm=1, rate_window_s=0.0, rate_rise_s=0.0, cooldown_s=0.0,
                    move_value_h=0.0, uncertainty_z=0.0, default_max_moves_per_hour=0.0)
 
 

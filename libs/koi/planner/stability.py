@@ -1,6 +1,6 @@
 """Plan stability: what keeps Koi from moving a job more often than its gain is worth.
 
-Four holds, each with a setting in ``ChurnSettings`` (``KOI_CHURN_<FIELD>`` overrides):
+The holds, each with a setting in ``ChurnSettings`` (``KOI_CHURN_<FIELD>`` overrides):
 
 * **scale-down stabilisation** (``scale_down_window_s``, as the Kubernetes HPA's): the
   placer keeps a job at the highest replica count planned for its placement over the
@@ -8,6 +8,18 @@ Four holds, each with a setting in ``ChurnSettings`` (``KOI_CHURN_<FIELD>`` over
   the one after; growth is immediate. With ``scale_down_band`` the count must also fall
   more than that many replicas below what runs (a dead band: a plan that wavers
   between n and n+1 on a noisy rate keeps n+1);
+* **one step down** (``scale_down_gap_s``): a job scales down only once its last move
+  is that long ago, so a count falling with the sliding window steps down once;
+* **scale-up confirmation** (``scale_up_confirm``): a scale-up of the same placement
+  waits for that many plans in a row asking for more, to the fewest they asked (a
+  count that jumps for one tick — a risk margin bought with GPUs spare that tick, a
+  pass estimate's wobble — is not followed);
+* **scale-up margin** (``scale_up_margin``): a scale-up goes a share beyond the count
+  planned and the band widens to the same share, so a count that creeps up a replica a
+  tick (a batch job behind its pace) moves once for several ticks;
+* **planned rate** (``rate_window_s``, ``rate_rise_s``; ``planned_rate``): an online
+  job is planned for the mean of its observed rates over a window, or over the last
+  minutes where that is higher, not for the last tick's thinned count;
 * **cool-down** (``cooldown_s``): a job placed (launched or swapped) less than this long
   ago keeps its configuration and offering in the composer (it may still scale);
 * **operator limits** from the job spec: ``pinned`` (never moved; scales only) and
@@ -39,6 +51,7 @@ from koi.causal.store import BeliefStore
 from koi.cluster import ClusterSnapshot, Deployment, DeploymentState
 from koi.planner.churn_settings import ENV_PREFIX, ChurnSettings
 from koi.planner.place import Target
+from koi.planner.propose import Proposal
 from koi.space import DeploymentConfig
 
 HOUR_S = 3600.0
@@ -55,6 +68,8 @@ class ChurnMemory:
     seen: Mapping[str, tuple[str, str, int]] = field(default_factory=dict)
     # job → times of its moves (any kind) within the last hour
     moves: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    # online job → ((time, observed rate), …) within the last hour, newest last
+    rates: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
 
 def _key(config: DeploymentConfig, offering: str) -> str:
@@ -69,8 +84,14 @@ def _live(snapshot: ClusterSnapshot) -> list[Deployment]:
 def remember(memory: ChurnMemory, snapshot: ClusterSnapshot) -> ChurnMemory:
     """``memory`` brought up to ``snapshot``: the moves the fleet shows happened since the
     last one (a new deployment of a job that had one, a deployment whose placement or
-    planned replicas changed), each job's kept for an hour."""
+    planned replicas changed) and each online job's observed rate (a tick that counted
+    none is not an observation: the first one, before any request), kept for an hour."""
     now = snapshot.time_s
+    rates = {k: recent for k, v in memory.rates.items()
+             if (recent := tuple(p for p in v if now - p[0] < HOUR_S and p[0] < now))}
+    for j in snapshot.jobs:
+        if j.is_online and j.observed_rate_rps > 0:
+            rates[j.id] = (*rates.get(j.id, ()), (now, j.observed_rate_rps))
     had = {job for job, _, _ in memory.seen.values()}
     moves = {k: kept for k, v in memory.moves.items()
              if (kept := tuple(t for t in v if now - t < HOUR_S))}
@@ -82,7 +103,38 @@ def remember(memory: ChurnMemory, snapshot: ClusterSnapshot) -> ChurnMemory:
         moved = d.job_id in had if before is None else before[1:] != (key, n)
         if moved:
             moves[d.job_id] = (*moves.get(d.job_id, ()), now)
-    return replace(memory, seen=seen, moves=moves)
+    return replace(memory, seen=seen, moves=moves, rates=rates)
+
+
+def planned_rate(history: Sequence[tuple[float, float]], now: float,
+                 settings: ChurnSettings) -> float | None:
+    """The rate to plan an online job for, from its ``(time, observed rate)`` history
+    (newest last): the higher of the means over ``rate_window_s`` and over the last
+    ``rate_rise_s`` (the newest observation alone where either is 0), so a rise is
+    planned for within a tick or two and a fall only once the whole window saw it, and
+    the count does not waver with one tick's thinned sample. None without history."""
+    if not history:
+        return None
+    if settings.rate_window_s <= 0 or settings.rate_rise_s <= 0:
+        return history[-1][1]
+    window = [r for t, r in history if now - t < settings.rate_window_s]
+    recent = [r for t, r in history if now - t < settings.rate_rise_s] or [history[-1][1]]
+    return max(sum(window) / len(window) if window else 0.0, sum(recent) / len(recent))
+
+
+def planning_view(snapshot: ClusterSnapshot, memory: ChurnMemory,
+                  settings: ChurnSettings) -> ClusterSnapshot:
+    """``snapshot`` as the plan's stages read it: each online job's ``observed_rate_rps``
+    is the rate to plan it for (``planned_rate`` over ``memory``, already ``remember``-ed
+    this snapshot); unchanged where the window is off."""
+    if settings.rate_window_s <= 0 or settings.rate_rise_s <= 0:
+        return snapshot
+    jobs = []
+    for j in snapshot.jobs:
+        rate = planned_rate(memory.rates.get(j.id, ()), snapshot.time_s, settings) \
+            if j.is_online else None
+        jobs.append(j if rate is None else replace(j, observed_rate_rps=rate))
+    return replace(snapshot, jobs=tuple(jobs))
 
 
 def held_jobs(snapshot: ClusterSnapshot, settings: ChurnSettings) -> dict[str, str]:
@@ -102,6 +154,27 @@ def held_jobs(snapshot: ClusterSnapshot, settings: ChurnSettings) -> dict[str, s
             out[j.id] = (f"held back: cooling down, placed {now - newest[j.id]:.0f} s ago"
                          f" (cool-down {settings.cooldown_s:.0f} s)")
     return out
+
+
+def binding_holds(held: Mapping[str, str], proposals: Sequence[Proposal],
+                  feasible: Sequence[bool], snapshot: ClusterSnapshot) -> dict[str, str]:
+    """The ``held`` jobs' holds that bind this tick: a cooling-down job is held only while
+    a configuration it runs still meets its SLO robustly (``feasible``, aligned with the
+    evaluated ``proposals``). Offered only a placement that misses, the composer rejected
+    it and the placer stopped it — an online outage and a relaunch elsewhere the next
+    tick, which the hold was there to prevent (hetero-3h s1: code-review-70b stopped 8
+    times); so too where its offering has no GPUs left (a stock-out). A pinned job
+    stays held: its operator said so."""
+    running: dict[str, set[DeploymentConfig]] = {}
+    gone = {c.offering for c in snapshot.capacity if c.total_gpus <= 0}
+    for d in _live(snapshot):
+        shapes = running.setdefault(d.job_id, set())
+        if d.offering not in gone:   # an offering gone (a stock-out) offers nothing
+            shapes.add(d.config.with_(offering="", replicas=1))
+    pinned = {j.id for j in snapshot.jobs if j.spec.pinned}
+    ok = {p.job_id for p, f in zip(proposals, feasible, strict=True)
+          if f and p.config in running.get(p.job_id, ())}
+    return {j: why for j, why in held.items() if j in ok or j in pinned or j not in running}
 
 
 def estimate_sd(beliefs: BeliefStore, scope: Scope) -> float:
@@ -124,19 +197,26 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
     now = snapshot.time_s
     window = settings.scale_down_window_s
     primary: dict[str, Deployment] = {}
+    by_key: dict[tuple[str, str], Deployment] = {}
     for live in _live(snapshot):
         if live.state == DeploymentState.RUNNING and live.job_id not in primary:
             primary[live.job_id] = live
+        by_key.setdefault((live.job_id, _key(live.config, live.offering)), live)
+    keep_s = max(window, settings.scale_up_confirm * snapshot.tick_s)
     plans = {k: kept for k, v in memory.plans.items()
-             if (kept := tuple(p for p in v if now - p[0] < window))}
+             if (kept := tuple(p for p in v if now - p[0] < keep_s))}
     jobs = {j.id: j for j in snapshot.jobs}
+    spare = _spare(targets, snapshot)
     out = []
     for t in targets:
-        d = primary.get(t.job_id)
+        # the deployment the target would resize: the job's on the same placement, still
+        # starting or not (a fresh launch, a swap's successor), else its running one
+        key = _key(t.config, t.offering) if t.config is not None else ""
+        d = by_key.get((t.job_id, key)) or primary.get(t.job_id)
         if t.decision != "place" or t.config is None or d is None:
             out.append(t)
             continue
-        key, planned = _key(t.config, t.offering), d.config.replicas
+        planned = d.config.replicas
         same = key == _key(d.config, d.offering)
         status = jobs.get(t.job_id)
         limit = (status.spec.max_moves_per_hour if status is not None else 0.0) \
@@ -147,20 +227,93 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
                                reason=f"{t.reason}; held back: {recent} moves in the last"
                                       f" hour, its limit is {limit:g} per hour"))
             continue
-        if window > 0:
+        if window > 0 or settings.scale_up_confirm > 1:
             plans[t.job_id] = (*plans.get(t.job_id, ()), (now, key, t.replicas))
-        if same and t.replicas < planned and window > 0:
-            peak = max(r for _, k, r in plans[t.job_id] if k == key)
-            band = settings.scale_down_band
+        margin = settings.scale_up_margin
+        if same and t.replicas > planned:
+            t = _confirmed(t, plans.get(t.job_id, ()), key, planned,
+                           settings.scale_up_confirm)
+        if same and t.replicas > planned and margin > 0:
+            t = _beyond(t, margin, spare)
+        elif same and t.replicas < planned and window > 0:
+            peak = max(r for when, k, r in plans[t.job_id] if k == key and now - when < window)
+            band = max(settings.scale_down_band, math.floor(margin * peak))
             keep = planned if peak + band >= planned else max(t.replicas, peak + band)
+            last = max(memory.moves.get(t.job_id, ()), default=None)
+            if last is not None and now - last < settings.scale_down_gap_s:
+                keep = planned
+            wanted, keep = keep, (_yield(t, keep, spare) if settings.scale_down_yield
+                                  else keep)
             if keep != t.replicas:
+                gap = (f"; its last move {now - last:.0f} s ago" if last is not None
+                       and now - last < settings.scale_down_gap_s else "")
+                if keep < wanted:
+                    gap += f"; {wanted - keep} given back for another job's growth"
                 t = replace(t, replicas=keep, reason=f"{t.reason}; scale-down held: "
                             f"{t.replicas} planned, keeping {keep} (the most planned in "
                             f"the last {window:.0f} s: {peak}"
-                            + (f", and a band of {band})" if band else ")"))
+                            + (f", and a band of {band}" if band else "") + f"{gap})")
         out.append(t)
     return out, replace(memory, plans=plans)
 
 
-__all__ = ["ENV_PREFIX", "ChurnMemory", "ChurnSettings", "estimate_sd", "held_jobs",
-           "remember", "stabilise"]
+def _yield(t: Target, keep: int, spare: dict[str, int]) -> int:
+    """The count a held scale-down ``t`` keeps (``keep``, more than it plans) once it
+    gives back the GPUs the plan's growth on its offering needs beyond the free ones
+    (``spare`` below 0): a hold never keeps GPUs the composer gave another job, which
+    would then wait for them (gen-medium-3: a new job deferred 12 ticks)."""
+    assert t.config is not None
+    per = t.config.gpus_per_replica
+    short = max(-spare.get(t.offering, 0), 0)
+    back = min(keep - t.replicas, -(-short // per))
+    if back > 0:
+        spare[t.offering] = spare.get(t.offering, 0) + back * per
+    return keep - max(back, 0)
+
+
+def _confirmed(t: Target, plans: Sequence[tuple[float, str, int]], key: str, running: int,
+               confirm: int) -> Target:
+    """A scale-up ``t`` of a job running ``running`` replicas as the last ``confirm`` plans
+    (``plans``, newest last, this one included) confirm it: to the fewest they asked for
+    if each asked for more than runs on the same placement, else kept at ``running``."""
+    if confirm <= 1:
+        return t
+    last = plans[-confirm:]
+    asked = min(r for _, _, r in last) if len(last) == confirm \
+        and all(k == key for _, k, _ in last) else running
+    asked = max(asked, running)
+    if asked == t.replicas:
+        return t
+    return replace(t, replicas=asked, reason=f"{t.reason}; scale-up held: {t.replicas} "
+                   f"planned, {asked} asked for by each of the last {confirm} plans")
+
+
+def _spare(targets: Sequence[Target], snapshot: ClusterSnapshot) -> dict[str, int]:
+    """GPUs per offering that ``targets`` leave free: the free ones less what each target
+    adds beyond the GPUs its job holds there."""
+    spare = {c.offering: c.free_gpus for c in snapshot.capacity}
+    held: dict[tuple[str, str], int] = {}
+    for d in _live(snapshot):
+        held[d.job_id, d.offering] = held.get((d.job_id, d.offering), 0) + d.gpus
+    for t in targets:
+        if t.decision == "place" and t.config is not None:
+            need = t.replicas * t.config.gpus_per_replica - held.get((t.job_id, t.offering), 0)
+            spare[t.offering] = spare.get(t.offering, 0) - max(need, 0)
+    return spare
+
+
+def _beyond(t: Target, margin: float, spare: dict[str, int]) -> Target:
+    """A scale-up ``t`` taken ``margin`` beyond its count (rounded down), as far as the
+    ``spare`` GPUs of its offering allow (and taken from them)."""
+    assert t.config is not None
+    per = t.config.gpus_per_replica
+    extra = min(math.floor(margin * t.replicas), max(spare.get(t.offering, 0), 0) // per)
+    if extra <= 0:
+        return t
+    spare[t.offering] -= extra * per
+    return replace(t, replicas=t.replicas + extra, reason=f"{t.reason}; scaled up {extra}"
+                   f" beyond the {t.replicas} planned (margin {margin:g})")
+
+
+__all__ = ["ENV_PREFIX", "ChurnMemory", "ChurnSettings", "binding_holds", "estimate_sd",
+           "held_jobs", "planned_rate", "planning_view", "remember", "stabilise"]

@@ -60,8 +60,10 @@ from koi.planner.settings import KoiSettings
 from koi.planner.stability import (
     HOUR_S,
     ChurnMemory,
+    binding_holds,
     estimate_sd,
     held_jobs,
+    planning_view,
     remember,
     stabilise,
 )
@@ -124,7 +126,9 @@ def plan_tick(snapshot: ClusterSnapshot, telemetry: Sequence[DeploymentTelemetry
     stage["learn"] = time.perf_counter() - t0
 
     t = time.perf_counter()
-    inputs = tick_inputs(snapshot, beliefs, calibrator, settings, catalog)
+    # the plan's stages read each online job's rate as planned (stability.planned_rate)
+    inputs = tick_inputs(planning_view(snapshot, memory, settings.churn), beliefs, calibrator,
+                         settings, catalog)
     proposals = propose_stage(snapshot, active_mechanisms(beliefs), settings, catalog,
                               jobs=inputs.jobs, hints=mediator_hints(observations))
     if widen is not None:
@@ -280,7 +284,8 @@ def compose_stage(ev: Evaluated, inputs: TickInputs) -> ComposePlan:
     discounted by their estimate's uncertainty (``stability.estimate_sd``)."""
     snapshot, settings, catalog, beliefs = (inputs.snapshot, inputs.settings, inputs.catalog,
                                             inputs.beliefs)
-    held = held_jobs(snapshot, settings.churn)
+    held = binding_holds(held_jobs(snapshot, settings.churn), ev.proposals,
+                         ev.slo_feasible.tolist(), snapshot)
     sd = None
     if settings.churn.uncertainty_z > 0 and settings.use_beliefs:
         by_scope: dict[Scope, float] = {}
