@@ -23,7 +23,8 @@ PAIRED = ("overall_score", "churn_median_moves_per_job_hour", "churn_moves_per_j
           "churn_dropped_by_move", "ttft_met_pct", "tpot_met_pct", "batch_progress_pct",
           "admit_online_pct")
 TOTALS = ("churn_disrupted_requests", "churn_dropped_by_move", "churn_total_moves",
-          "churn_flaps")
+          "churn_flaps", "churn_online_disrupted_requests", "churn_online_dropped_by_move",
+          "churn_online_relaunches")
 
 
 def load(dirs: list[str], label: str) -> list[dict]:
