@@ -208,6 +208,28 @@ def bench_steps(
     steps_tables(console, comparison, markdown=markdown, rows=rows)
 
 
+@bench_app.command("kernels")
+def bench_kernels(
+    markdown: Annotated[bool, Opt(help="Print markdown tables (for docs).")] = False,
+    rows: Annotated[bool, Opt(help="Also list every layer pass.")] = False,
+    file: Annotated[Path | None, Opt(help="Kernel times from scripts/gpu_kernels.py "
+                                          "(default: the H200 runs shipped with Koi).")] = None,
+    accelerator: Annotated[str, Opt(help="Accelerator id the file was measured on.")] = "h200",
+) -> None:
+    """Measured GEMM, attention and chunked-prefill passes against the kernel tables and
+    the roofline."""
+    from koi.cli.reports import kernels_tables
+    from koi.errors import KoiError
+    from koi.predictor.kernel_evidence import compare_kernels
+
+    try:
+        comparison = compare_kernels(file, accelerator)
+    except KoiError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from e
+    kernels_tables(console, comparison, markdown=markdown, rows=rows)
+
+
 @bench_app.command("thinning")
 def bench_thinning(
     model: Annotated[str, Opt(help="Model id.")] = "qwen2.5-7b",

@@ -1,6 +1,7 @@
 """Rich/markdown rendering of the predictor's accuracy, fit, GPU step times and demo.
 
-Formatting only: the numbers come from ``koi.predictor.accuracy``, ``.fit`` and ``.steps``.
+Formatting only: the numbers come from ``koi.predictor.accuracy``, ``.fit``, ``.steps``
+and ``.kernel_evidence``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from koi.predictor.accuracy import CaseResult, accuracy_report, summarise
+from koi.predictor.kernel_evidence import KernelsComparison
 from koi.predictor.steps import LONG_PROMPT, SMALL_BATCH, Spread, StepsComparison
 
 KINDS = ("throughput", "tpot", "ttft")
@@ -139,6 +141,11 @@ def steps_tables(console: Console, c: StepsComparison, *, markdown: bool = False
     tables = steps_summary_tables(c)
     if rows:
         tables.append(("Every point (median over runs)", *steps_point_table(c)))
+    _print_tables(console, tables, markdown)
+
+
+def _print_tables(console: Console, tables: list[tuple[str, list[str], list[list[str]]]],
+                  markdown: bool) -> None:
     if markdown:
         print("\n\n".join(_markdown(header, body) for _, header, body in tables))
         return
@@ -151,6 +158,48 @@ def steps_tables(console: Console, c: StepsComparison, *, markdown: bool = False
         for line in body:
             t.add_row(*line)
         wide.print(t)
+
+
+def kernels_summary_tables(c: KernelsComparison) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows): cells against the tables, layer passes against both
+    predictors, and the additivity of mixed passes."""
+    cells = [[kind, band, *_spread(spread)] for kind, band, spread in c.cell_bands()]
+    passes = [[group, *_spread(t)[:2], *_spread(r)] for group, t, r in c.mixed_ratios()]
+    measured, tab, roof = c.additivity_errors()
+    adds = [["measured t(b, c) ÷ (t(b, 0) + t(0, c))", *_spread(measured)],
+            ["tables: absolute error", *_spread(tab, "{:.3f}")],
+            ["roofline: absolute error", *_spread(roof, "{:.3f}")]]
+    devices = ", ".join(sorted({str(e.get("device", "?")) for e in c.envs}))
+    spread = _spread(c.run_spread(), "{:.1%}")
+    where = f"{devices}, {len(c.envs)} runs, run-to-run spread per point {spread[0]} " \
+            f"(max {spread[1].split('–')[-1]}); tables {c.system}"
+    off = f"; {c.off_grid} measured cells not in the table" if c.off_grid else ""
+    return [(f"Table ÷ measured kernel time ({where}{off})",
+             ["kernel", "size", "median", "range", "n"], cells),
+            ("Predicted ÷ measured time of one decoder layer's pass (kernels only; tables "
+             "before the kernel scale)",
+             ["pass", "tables median", "range", "roofline median", "range", "n"], passes),
+            ("Mixed passes: additivity of decodes and a prompt chunk",
+             ["quantity", "median", "range", "n"], adds)]
+
+
+def kernels_point_table(c: KernelsComparison) -> tuple[list[str], list[list[str]]]:
+    header = ["model", "tp", "batch", "chunk", "past", "measured µs", "tables ÷ meas",
+              "roofline ÷ meas", "additivity meas / tables / roofline"]
+    rows = [[r.model, str(r.tp), str(r.batch), str(r.chunk), str(r.past),
+             f"{r.measured_s * 1e6:.1f}", f"{r.tables_s / r.measured_s:.2f}",
+             f"{r.roofline_s / r.measured_s:.2f}",
+             " / ".join(f"{a:.2f}" for a in r.additivity) if r.additivity else "–"]
+            for r in c.mixed]
+    return header, rows
+
+
+def kernels_tables(console: Console, c: KernelsComparison, *, markdown: bool = False,
+                   rows: bool = False) -> None:
+    tables = kernels_summary_tables(c)
+    if rows:
+        tables.append(("Every layer pass (median over runs)", *kernels_point_table(c)))
+    _print_tables(console, tables, markdown)
 
 
 def _markdown(header: list[str], body: list[list[str]]) -> str:
