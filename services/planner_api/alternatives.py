@@ -101,9 +101,11 @@ def robust_predictor(state: causal_pb2.CausalState | None, beliefs: BeliefStore 
 
     def predict(cfg: DeploymentConfig, workload: Workload) -> tuple[Prediction, Prediction]:
         check(cfg, catalog)  # a limit the predictor knows and validation does not
-        return robust_predictions([(cfg, workload)], robustness, catalog=catalog,
-                                  calibration=settings.calibration,
-                                  backend=settings.backend, kernel=kernel)[0]
+        nominal, robust, _ = robust_predictions([(cfg, workload)], robustness,
+                                                catalog=catalog,
+                                                calibration=settings.calibration,
+                                                backend=settings.backend, kernel=kernel)[0]
+        return nominal, robust
 
     return predict
 

@@ -101,21 +101,41 @@ def test_the_explanation_and_the_api_agree_at_the_planned_rate(tick: dict) -> No
 
 def test_without_beliefs_or_radii_robust_is_the_prediction() -> None:
     wl = Workload(1000, 200, mode=LoadMode.RATE, load=2.0, slo_ttft_ms=800, slo_tpot_ms=60)
-    nominal, robust = robust_predictions([(CFG, wl)], robustness_fn(None, {}, CAT),
-                                         catalog=CAT, backend="numpy")[0]
+    nominal, robust, _ = robust_predictions([(CFG, wl)], robustness_fn(None, {}, CAT),
+                                            catalog=CAT, backend="numpy")[0]
     assert robust == nominal
 
 
 def test_radii_widen_p95s_and_never_raise_a_rate() -> None:
     wl = Workload(1000, 200, mode=LoadMode.RATE, load=2.0, slo_ttft_ms=800, slo_tpot_ms=60)
     radii = {"ttft_p95": 0.2, "tpot_p95": 0.1, "throughput": 0.15}
-    nominal, robust = robust_predictions([(CFG, wl)], robustness_fn(None, radii, CAT),
-                                         catalog=CAT, backend="numpy")[0]
+    nominal, robust, _ = robust_predictions([(CFG, wl)], robustness_fn(None, radii, CAT),
+                                            catalog=CAT, backend="numpy")[0]
     assert robust.ttft_p95_ms == pytest.approx(nominal.ttft_p95_ms * 1.2214027581601699)
     assert robust.tpot_p95_ms == pytest.approx(nominal.tpot_p95_ms * 1.1051709180756477)
     assert robust.ttft_ms == nominal.ttft_ms  # the means carry no radius
     assert robust.max_rate_under_slo_rps < nominal.max_rate_under_slo_rps
     # a throughput belief above 1 does not raise the rate above the prediction's
     up = lambda cfg, m=None: Robustness(tput_mult=2.0)  # noqa: E731
-    _, robust = robust_predictions([(CFG, wl)], up, catalog=CAT, backend="numpy")[0]
+    _, robust, _ = robust_predictions([(CFG, wl)], up, catalog=CAT, backend="numpy")[0]
     assert robust.max_rate_under_slo_rps == pytest.approx(nominal.max_rate_under_slo_rps)
+
+
+def test_each_prediction_carries_the_robustness_that_made_it() -> None:
+    """A rate load keeps the base regime's corrections; a saturated load takes its regime's,
+    chosen on the learnt model's mediators (what the language model's ``predict`` tool
+    reports as belief multipliers)."""
+    seen: list[object] = []
+
+    def regime(cfg, mediators=None):  # type: ignore[no-untyped-def]
+        seen.append(mediators)
+        return Robustness(tput_mult=0.5) if mediators is not None else Robustness()
+
+    rate = Workload(1000, 200, mode=LoadMode.RATE, load=2.0, slo_ttft_ms=800, slo_tpot_ms=60)
+    saturated = Workload(1000, 200)
+    (_, _, r_rate), (_, _, r_sat) = robust_predictions(
+        [(CFG, rate), (CFG, saturated)], regime, catalog=CAT, backend="numpy")
+    assert r_rate == Robustness()
+    assert r_sat.tput_mult == 0.5
+    assert [m is None for m in seen] == [True, True, False]   # base twice, one regime
+    assert set(seen[2]) == {"kv_pressure", "comm_overhead", "queue_util"}

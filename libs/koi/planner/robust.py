@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -232,15 +232,24 @@ def robust_rows(pairs: Sequence[tuple[DeploymentConfig, Workload]],
     return RobustRows(Y, tuple(final))
 
 
+class RobustPrediction(NamedTuple):
+    """One (config, workload)'s prior prediction, its robust one, and the corrections and
+    radii that made it (for a saturated load, its regime's: ``robust_rows``)."""
+
+    nominal: Prediction
+    robust: Prediction
+    robustness: Robustness
+
+
 def robust_predictions(pairs: Sequence[tuple[DeploymentConfig, Workload]],
                        robustness: RobustnessFn, *, catalog: Catalog,
                        calibration: Calibration | None = None, backend: str = "numba",
-                       kernel: Kernel | None = None) -> list[tuple[Prediction, Prediction]]:
-    """(nominal, robust) ``Prediction`` per (config, workload) pair: the prior model's,
-    and the learnt model's worst case inside the radii as the evaluator scores it (its
-    p95s and its ``max_rate_under_slo_rps`` are the evaluator's numbers at the
-    calibrated margin; means are the learnt model's; throughputs scale as the sustained
-    rate does, cost per token inversely)."""
+                       kernel: Kernel | None = None) -> list[RobustPrediction]:
+    """Per (config, workload) pair: the prior model's ``Prediction``, and the learnt
+    model's worst case inside the radii as the evaluator scores it (its p95s and its
+    ``max_rate_under_slo_rps`` are the evaluator's numbers at the calibrated margin;
+    means are the learnt model's; throughputs scale as the sustained rate does, cost per
+    token inversely), with the ``Robustness`` applied."""
     if not pairs:
         return []
     run = kernel or (lambda X: evaluate_matrix(X, backend=backend))
@@ -264,5 +273,5 @@ def robust_predictions(pairs: Sequence[tuple[DeploymentConfig, Workload]],
             total_throughput_tok_s=learnt.total_throughput_tok_s * x,
             max_rate_under_slo_rps=float(rate[j]),
             cost_per_mtok_usd=learnt.cost_per_mtok_usd / x if x > 0 else math.inf)
-        out.append((wrap_outputs(Yn, j, cfg, catalog), robust))
+        out.append(RobustPrediction(wrap_outputs(Yn, j, cfg, catalog), robust, r))
     return out

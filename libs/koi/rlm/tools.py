@@ -29,7 +29,7 @@ from koi.causal.scope import contains
 from koi.cluster import ClusterSnapshot
 from koi.planner.explain import Explanation
 from koi.planner.propose import Proposal
-from koi.planner.robust import graph_mediators, robust_predictions, robustness_fn
+from koi.planner.robust import robust_predictions, robustness_fn
 from koi.planner.settings import KoiSettings
 from koi.planner.tick import KoiState, TickReport, active_jobs, evaluate_stage, tick_inputs
 from koi.predictor.types import LoadMode, Workload
@@ -141,12 +141,9 @@ class Toolbox:
                             load=float(rate or 0.0))
         s, beliefs = self.ctx.settings, self.ctx.state.beliefs
         robustness = robustness_fn(beliefs if s.use_beliefs else None, {}, self.ctx.catalog)
-        raw, learnt = robust_predictions([(cfg, workload)], robustness,
-                                         catalog=self.ctx.catalog, calibration=s.calibration,
-                                         backend=s.backend)[0]
-        r = robustness(cfg) if workload.mode == LoadMode.RATE else \
-            robustness(cfg, graph_mediators(raw.kv_pressure, raw.comm_overhead_frac,
-                                            raw.queue_util))
+        raw, learnt, r = robust_predictions([(cfg, workload)], robustness,
+                                            catalog=self.ctx.catalog,
+                                            calibration=s.calibration, backend=s.backend)[0]
         mult = {"pass": r.pass_mult, "ttft": r.ttft_mean_mult, "ttft_p95": r.ttft_mult,
                 "tpot": r.tpot_mean_mult, "tpot_p95": r.tpot_mult, "throughput": r.tput_mult}
         keys = ("ttft_p95_ms", "tpot_p95_ms", "output_throughput_tok_s", "cost_per_mtok_usd",
