@@ -166,3 +166,22 @@ def test_shipped_decode_attention_never_beats_the_hbm() -> None:
         ok = np.isfinite(a["gen_attn"])
         # float16 storage rounds to 1 part in 2,048
         assert (a["gen_attn"][ok] >= stream_ms[ok] * (1 - 1e-3)).all(), system
+
+
+def test_a_calibration_brings_the_pass_model_it_was_fitted_for(cat: Catalog) -> None:
+    """The planner passes its settings' calibration and nothing else: the table fitted
+    for the kernel tables must switch them on (the ``koi-kernels`` variant), the roofline's
+    must not, and an explicit ``kernels`` still wins."""
+    from koi.planner.settings import settings_for
+
+    cfg = engine_default_config("llama-3.1-8b", "h200", "trtllm", catalog=cat, tp=1)
+    pair = [(cfg, Workload(512, 128))]
+    with_tables, roofline = load_calibration(kernels=True), load_calibration(kernels=False)
+    assert (with_tables.kernels, roofline.kernels) == (True, False)
+    assert load_calibration(kernels=True) is with_tables   # cached: one object a file
+    assert build_inputs(pair, cat, with_tables)[IN["ktab"], 0] >= 0
+    assert build_inputs(pair, cat, roofline)[IN["ktab"], 0] == -1
+    assert build_inputs(pair, cat, with_tables, kernels=False)[IN["ktab"], 0] == -1
+    assert (build_inputs(pair, cat, None)[IN["ktab"], 0] >= 0) == tables.DEFAULT
+    assert settings_for("koi-kernels").calibration.kernels is True
+    assert settings_for("koi").calibration is None

@@ -19,7 +19,7 @@ from koi.compose import ComposeWeights
 from koi.planner.candidates import Measure
 from koi.planner.churn_settings import ChurnSettings
 from koi.planner.propose import ProposerLimits
-from koi.predictor.calibration import Calibration
+from koi.predictor.calibration import Calibration, load_calibration
 
 # the outcomes whose DRO radius the evaluator applies (``Robustness``'s three radii)
 ROBUST_OUTCOMES: tuple[str, ...] = ("ttft_p95", "tpot_p95", "throughput")
@@ -147,6 +147,9 @@ VARIANTS: dict[str, KoiSettings] = {
     # TTFT p95 planned on the beliefs' correction alone (no radius); the TPOT and
     # throughput radii stay. A variant, not an ablation: BENCHMARKS (m)
     "koi-ttft-nominal": replace(KoiSettings(), dro_outcomes=("tpot_p95", "throughput")),
+    # the prior from measured kernel tables where they cover a shard, with the table
+    # fitted for them (Calibration.kernels); off by default: docs/PREDICTOR.md
+    "koi-kernels": replace(KoiSettings(), calibration=load_calibration(kernels=True)),
 }
 
 

@@ -4,7 +4,8 @@ A thin shell around ``koi.planner.tick.plan_tick``: it keeps the planner state (
 DRO calibrator) between ticks and the per-tick reports (for the learning curves and
 explanations). ``koi-no-causal`` drops beliefs and mechanisms, ``koi-no-learning``
 freezes them (and the radius) at the prior, ``koi-no-dro`` plans on the nominal
-prediction; ``koi-ttft-nominal`` (a variant) keeps every radius but TTFT p95's. No
+prediction; ``koi-ttft-nominal`` (a variant) keeps every radius but TTFT p95's, and
+``koi-kernels`` (a variant) times its prior from the measured kernel tables. No
 planning logic here; the variants' settings are
 ``koi.planner.settings.VARIANTS`` (the services run the same ones).
 """
@@ -62,3 +63,11 @@ class KoiTtftNominal(_KoiBase):
     and throughput radii stay. A variant, not an ablation: BENCHMARKS (m)."""
 
     settings = VARIANTS["koi-ttft-nominal"]
+
+
+@register("koi-kernels")
+class KoiKernels(_KoiBase):
+    """Koi with the prior timed from measured kernel tables where they cover a shard
+    (issue 31; not the default: docs/PREDICTOR.md)."""
+
+    settings = VARIANTS["koi-kernels"]

@@ -21,7 +21,7 @@ row). Factors absent from the file keep their prior. No prediction logic here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,9 @@ class Calibration:
     factors: dict[str, dict[str, float]] = field(default_factory=dict)
     version: str = "prior"
     meta: dict[str, Any] = field(default_factory=dict)
+    # the pass model the table was fitted for: True the kernel tables, False the
+    # roofline, None not said (the predictor's default); ``build_inputs`` follows it
+    kernels: bool | None = None
 
     def get(self, group: str, key: str) -> float:
         table = self.factors.get(group, {})
@@ -128,13 +131,19 @@ def calibration_file(kernels: bool | None = None) -> Path:
 
 def load_calibration(path: Path | None = None, kernels: bool | None = None) -> Calibration:
     """The fitted table (or the priors when no file has been fitted yet): ``path``, else
-    the one fitted for the kernel-table or roofline predictor (``calibration_file``)."""
-    return _load(path or calibration_file(kernels))
+    the one fitted for the kernel-table or roofline predictor (``calibration_file``),
+    marked with the pass model it is for (``Calibration.kernels``)."""
+    if path is not None:
+        return _load(path, None)
+    from koi.predictor.tables import DEFAULT
+
+    use = DEFAULT if kernels is None else kernels
+    return _load(calibration_file(use), use)
 
 
 @lru_cache(maxsize=4)
-def _load(target: Path) -> Calibration:
+def _load(target: Path, kernels: bool | None) -> Calibration:
     if not target.exists():
-        return prior_calibration()
+        return replace(prior_calibration(), kernels=kernels)
     with target.open() as fh:
-        return calibration_from_dict(yaml.safe_load(fh) or {})
+        return replace(calibration_from_dict(yaml.safe_load(fh) or {}), kernels=kernels)

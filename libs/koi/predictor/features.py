@@ -182,14 +182,17 @@ def build_inputs(pairs: Sequence[tuple[DeploymentConfig, Workload]],
     """The (N_IN, n) input matrix for these candidates.
 
     ``kernels``: time passes from the measured kernel tables where they cover the shard
-    (``tables.py``); None takes ``tables.DEFAULT``.
+    (``tables.py``); None takes the pass model ``calibration`` was fitted for
+    (``Calibration.kernels``), else ``tables.DEFAULT``.
 
     Everything but the workload rows depends only on (config, catalog, calibration), so
     those columns are cached: the planner re-evaluates the same configurations under new
     loads every tick.
     """
     cat = catalog or load_catalog()
-    use_tables = tables.DEFAULT if kernels is None else kernels
+    use_tables = kernels if kernels is not None else \
+        calibration.kernels if calibration is not None and calibration.kernels is not None \
+        else tables.DEFAULT
     cal = calibration or load_calibration(kernels=use_tables)
     X = np.zeros((N_IN, len(pairs)))
     if len(_STATIC) > _STATIC_MAX:
