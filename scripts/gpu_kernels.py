@@ -16,8 +16,13 @@ parts, with random weights in PyTorch and nothing downloaded:
   so the measured mixed pass can be set against the predictor's (one GEMM over b + c
   tokens, the two attentions added).
 
-Decode attention is not timed here: PyTorch has no split-context decode kernel, so its
-few-sequence times are not an engine's (see the first GPU run, ``scripts/gpu_steps.py``).
+* ``gen_attn``: decode attention (one new token per sequence, GQA) at cells of the
+  table's generation-attention grid, two ways: PyTorch's fused SDPA in one pass (what
+  ``scripts/gpu_steps.py`` runs; one thread block per sequence and KV head walks the whole
+  context), and split-context "flash-decoding" — the context cut into S pieces attended
+  in parallel by the fused flash kernel, which returns each piece's log-sum-exp, then
+  merged — the scheme engines' decode kernels use. Each is checked against the plain
+  softmax on the same inputs before it is timed.
 
 This file needs torch and numpy; it writes JSON that ``koi bench kernels`` compares with
 the tables and the predictor. Usage::
@@ -153,6 +158,95 @@ def measure_ctx_attn(dev: torch.device, smoke: bool, log) -> list[dict]:
                     rows.append({"heads": heads, "kv_heads": kvh, "head_dim": d, "batch": b,
                                  "len": s, "s": None, "error": repr(exc)[:200]})
                 log("ctx_attn", rows[-1])
+    return rows
+
+
+# decode attention: (heads, kv heads) per GPU at head_dim 128; sequences × context
+GEN_HEADS = [(32, 8), (8, 1), (64, 8)]
+GEN_BATCH = [1, 4, 16, 64, 256]
+GEN_CTX = [1024, 4096, 16384]
+GEN_KV_MAX = 4 << 30      # bytes of K and V per cell
+SMS = 132                 # H200 multiprocessors: the split keeps ≥ 2 blocks on each
+MIN_PIECE = 256
+
+
+def lse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, log-sum-exp of the scores) of plain attention, same heads for q and k."""
+    if q.is_cuda:
+        out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False)
+    else:
+        out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False)
+    return out[0], out[1]
+
+
+def splits_for(b: int, kvh: int, ctx: int) -> int:
+    """Pieces of the context so that b × kv heads × pieces fills the GPU twice over."""
+    want = max(1, math.ceil(2 * SMS / (b * kvh)))
+    pieces = 1
+    while pieces < want and ctx // (pieces * 2) >= MIN_PIECE and ctx % (pieces * 2) == 0:
+        pieces *= 2
+    return pieces
+
+
+def split_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pieces: int
+                 ) -> torch.Tensor:
+    """Flash-decoding. q: (b, kvh, g, d), the g query heads sharing each KV head;
+    k, v: (b, kvh, ctx, d) contiguous. The context's pieces become extra heads (a view),
+    each attended by every query of its KV head; the pieces merge by their log-sum-exp."""
+    b, kvh, g, d = q.shape
+    ctx = k.shape[2]
+    kp = k.view(b, kvh * pieces, ctx // pieces, d)
+    vp = v.view(b, kvh * pieces, ctx // pieces, d)
+    qp = q.unsqueeze(2).expand(b, kvh, pieces, g, d).reshape(b, kvh * pieces, g, d)
+    out, lse = lse_attention(qp, kp, vp)
+    out = out.view(b, kvh, pieces, g, d).float()
+    w = torch.softmax(lse.view(b, kvh, pieces, g).float(), dim=2)
+    return (out * w.unsqueeze(-1)).sum(dim=2).to(q.dtype)
+
+
+def one_pass_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    with sdpa_kernel(ATTN_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+def measure_gen_attn(dev: torch.device, smoke: bool, log) -> list[dict]:
+    rows: list[dict] = []
+    dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    d = 64 if smoke else 128
+    for heads, kvh in ([(4, 2)] if smoke else GEN_HEADS):
+        g = heads // kvh
+        for b in ([1, 3] if smoke else GEN_BATCH):
+            for ctx in ([512, 1024] if smoke else GEN_CTX):
+                nbytes = 4 * b * kvh * ctx * d
+                if nbytes > GEN_KV_MAX:
+                    continue
+                row = {"heads": heads, "kv_heads": kvh, "head_dim": d, "batch": b, "len": ctx}
+                try:
+                    q = torch.randn(b, kvh, g, d, device=dev, dtype=dt)
+                    kv = rotating(lambda shape=(b, kvh, ctx, d): (
+                        torch.randn(shape, device=dev, dtype=dt),
+                        torch.randn(shape, device=dev, dtype=dt)), nbytes, dev)
+                    pieces = 64 if smoke else splits_for(b, kvh, ctx)
+                    pieces = min(pieces, ctx // 8) if smoke else pieces
+                    ref = torch.softmax((q.float() @ kv[0][0].float().transpose(-1, -2))
+                                        / math.sqrt(d), dim=-1) @ kv[0][1].float()
+                    for name, fn in (("one_pass", one_pass_decode),
+                                     ("split", lambda q, k, v: split_decode(q, k, v, pieces))):
+                        got = fn(q, *kv[0]).float()
+                        err = float((got - ref).norm() / ref.norm())
+                        if not err < 2e-2:
+                            raise RuntimeError(f"{name} decode attention is wrong: "
+                                               f"relative error {err:.2e}")
+                        calls = [lambda kv_=kv_, fn=fn: fn(q, *kv_) for kv_ in kv]
+                        row[f"{name}_s"] = graph_time(calls * max(1, 4 // len(calls)), dev)
+                        row[f"{name}_err"] = err
+                    row["pieces"] = pieces
+                    row["s"] = min(row["one_pass_s"], row["split_s"])
+                except Exception as exc:
+                    row.update({"s": None, "error": repr(exc)[:200]})
+                rows.append(row)
+                log("gen_attn", row)
     return rows
 
 
@@ -300,7 +394,8 @@ def main() -> int:
         with open(args.out, "w") as fh:
             json.dump(result, fh, indent=1)
 
-    parts = {"gemm": measure_gemm, "ctx_attn": measure_ctx_attn, "mixed": measure_mixed}
+    parts = {"gemm": measure_gemm, "ctx_attn": measure_ctx_attn, "mixed": measure_mixed,
+             "gen_attn": measure_gen_attn}
     for part in args.parts.split(","):
         try:
             result[part] = parts[part](dev, args.smoke, log)

@@ -6,7 +6,9 @@ decoder layer's pass over ``b`` decoding sequences together with a chunk of ``c`
 tokens whose first ``past`` tokens are cached — the pass of chunked prefill. This module
 sets
 
-* each GEMM and attention cell against the table's own cell (table ÷ measured), and
+* each GEMM and attention cell against the table's own cell (table ÷ measured; decode
+  attention at the faster of PyTorch's one-pass kernel and split-context
+  flash-decoding, the best this card was seen to do), and
 * each layer pass against the per-layer kernel time both predictors give for it: the
   tables' GEMMs over b + c tokens plus decode and prefill attention (``tables.pass_parts``,
   without the LM head and the all-reduce, before the kernel scale), and the roofline's
@@ -43,7 +45,10 @@ from koi.predictor.types import Workload
 KERNELS_FILE = Path(__file__).parent / "data" / "gpu_kernels_h200.json"
 GEMM_BANDS = ((1, 16), (32, 256), (512, 2048), (4096, 1 << 30))
 ATTN_BANDS = ((1, 1024), (2048, 4096), (8192, 1 << 30))
+DECODE_BANDS = ((1, 4), (16, 64), (256, 1 << 30))
+DECODE_KIND = "decode attention bfloat16"
 MIXED_GROUPS = ("decode only", "chunk only", "decode + chunk")
+PARTS = ("gemm", "ctx_attn", "gen_attn", "mixed")   # what scripts/gpu_kernels.py writes
 
 
 class KernelsFileError(KoiError, ValueError):
@@ -55,9 +60,10 @@ class KernelsFileError(KoiError, ValueError):
 class CellRow:
     """One GEMM or prefill-attention cell: measured (median over runs) against the table."""
 
-    kind: str          # "gemm bfloat16" | "gemm fp8" | "prefill attention bfloat16"
+    kind: str          # "gemm bfloat16" | "gemm fp8" | "prefill attention bfloat16" |
+    #                    DECODE_KIND (the faster of one pass and split context, per run)
     shape: str
-    size: int          # m (GEMM) or prompt tokens (attention): what the bands group by
+    size: int          # m (GEMM), prompt tokens (prefill), sequences (decode): the bands
     runs: int
     run_spread: float  # (max − min) / median over the runs
     measured_s: float
@@ -106,8 +112,8 @@ class KernelsComparison:
         """(kind, band, spread of table ÷ measured) for every kind and size band."""
         out = []
         for kind in sorted({c.kind for c in self.cells}):
-            bands = ATTN_BANDS if kind.startswith("prefill") else GEMM_BANDS
-            unit = "tokens" if kind.startswith("prefill") else "m"
+            bands, unit = (ATTN_BANDS, "tokens") if kind.startswith("prefill") else \
+                (DECODE_BANDS, "sequences") if kind == DECODE_KIND else (GEMM_BANDS, "m")
             for lo, hi in bands:
                 label = f"{unit} {lo}–{hi}" if hi < 1 << 30 else f"{unit} ≥ {lo}"
                 out.append((kind, label, Spread.of([c.ratio for c in self.cells
@@ -151,9 +157,8 @@ def read_kernels(path: Path | None = None) -> tuple[list[dict[str, Any]], list[d
     if not isinstance(runs, list) or not runs or not all(isinstance(r, dict) for r in runs):
         raise KernelsFileError(f"{target}: expected a run as scripts/gpu_kernels.py writes "
                                "it, or {runs: [run, …]}")
-    if not any(isinstance(r.get(p), list) and r[p] for r in runs
-               for p in ("gemm", "ctx_attn", "mixed")):
-        raise KernelsFileError(f"{target}: no gemm, ctx_attn or mixed points in any run")
+    if not any(isinstance(r.get(p), list) and r[p] for r in runs for p in PARTS):
+        raise KernelsFileError(f"{target}: no {', '.join(PARTS)} points in any run")
     envs = [r["env"] if isinstance(r.get("env"), dict) else {} for r in runs]
     return envs, runs
 
@@ -223,6 +228,17 @@ def _cells(runs: list[dict], arrays: dict[str, np.ndarray], target: Path
         rows.append(CellRow("prefill attention bfloat16",
                             f"heads {h}/{kvh} d={hd} batch {b} × {s}", s, len(ts), spread, t,
                             cell * tables.MS))
+    for (h, kvh, hd, b, c), ts in sorted(_points(runs, "gen_attn", fields, "s",
+                                                  target).items()):
+        at = [_index(arrays[f"gen_{a}"], v) for a, v in
+              (("head_dim", hd), ("heads", h), ("kv_heads", kvh), ("batch", b), ("len", c))]
+        cell = float(arrays["gen_attn"][(bf16, *at)]) if None not in at else math.nan
+        if not math.isfinite(cell):
+            off += 1
+            continue
+        t, spread = _median_spread(ts)
+        rows.append(CellRow(DECODE_KIND, f"heads {h}/{kvh} d={hd} {b} × {c} cached", b,
+                            len(ts), spread, t, cell * tables.MS))
     return rows, off
 
 
