@@ -232,13 +232,13 @@ def measure_gen_attn(dev: torch.device, smoke: bool, log) -> list[dict]:
                     ref = torch.softmax((q.float() @ kv[0][0].float().transpose(-1, -2))
                                         / math.sqrt(d), dim=-1) @ kv[0][1].float()
                     for name, fn in (("one_pass", one_pass_decode),
-                                     ("split", lambda q, k, v: split_decode(q, k, v, pieces))):
+                                     ("split", lambda q, k, v, n=pieces: split_decode(q, k, v, n))):
                         got = fn(q, *kv[0]).float()
                         err = float((got - ref).norm() / ref.norm())
                         if not err < 2e-2:
                             raise RuntimeError(f"{name} decode attention is wrong: "
                                                f"relative error {err:.2e}")
-                        calls = [lambda kv_=kv_, fn=fn: fn(q, *kv_) for kv_ in kv]
+                        calls = [lambda kv_=kv_, fn=fn, q=q: fn(q, *kv_) for kv_ in kv]
                         row[f"{name}_s"] = graph_time(calls * max(1, 4 // len(calls)), dev)
                         row[f"{name}_err"] = err
                     row["pieces"] = pieces
