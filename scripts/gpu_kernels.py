@@ -366,7 +366,7 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (a dry run on a CPU)")
-    ap.add_argument("--parts", default="mixed,gemm,ctx_attn")
+    ap.add_argument("--parts", default="mixed,gemm,ctx_attn,gen_attn")
     args = ap.parse_args()
     dev = torch.device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():

@@ -24,7 +24,6 @@ Nothing is fitted here; no CLI or transport code.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from koi.predictor.calibration import Calibration, load_calibration
 from koi.predictor.columns import IN
 from koi.predictor.features import build_inputs
 from koi.predictor.reference import pass_time
-from koi.predictor.steps import Spread, kernels_only, step_config
+from koi.predictor.steps import Spread, kernels_only, load_measured, step_config
 from koi.predictor.types import Workload
 
 KERNELS_FILE = Path(__file__).parent / "data" / "gpu_kernels_h200.json"
@@ -144,13 +143,7 @@ def read_kernels(path: Path | None = None) -> tuple[list[dict[str, Any]], list[d
     Accepts one run as ``scripts/gpu_kernels.py`` writes it or several gathered as
     ``{about, runs: [run, …]}``."""
     target = path or KERNELS_FILE
-    try:
-        data = json.loads(target.read_text())
-    except FileNotFoundError:
-        raise KernelsFileError(f"{target}: no such file (write one on a GPU machine with "
-                               "`python3 scripts/gpu_kernels.py --out FILE`)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise KernelsFileError(f"{target}: not a readable JSON file ({e})") from None
+    data = load_measured(target, KernelsFileError, "scripts/gpu_kernels.py")
     if not isinstance(data, dict):
         raise KernelsFileError(f"{target}: expected an object")
     runs = data.get("runs", [data])

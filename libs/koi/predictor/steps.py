@@ -140,13 +140,7 @@ def read_steps(path: Path | None = None) -> tuple[list[dict[str, Any]], list[Mea
     gathered as ``{about, runs: [{env, rows}, …]}``.
     """
     target = path or STEPS_FILE
-    try:
-        data = json.loads(target.read_text())
-    except FileNotFoundError:
-        raise StepsFileError(f"{target}: no such file (write one on a GPU machine with "
-                             "`python3 scripts/gpu_steps.py --out FILE`)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StepsFileError(f"{target}: not a readable JSON file ({e})") from None
+    data = load_measured(target, StepsFileError, "scripts/gpu_steps.py")
     runs = ([data] if "rows" in data else data.get("runs")) if isinstance(data, dict) else None
     if not isinstance(runs, list) or not runs:
         raise StepsFileError(f"{target}: expected {{env, rows}} as scripts/gpu_steps.py "
@@ -163,6 +157,18 @@ def read_steps(path: Path | None = None) -> tuple[list[dict[str, Any]], list[Mea
             key, pass_s = _parse_row(row, f"{target}: run {i} row {k}")
             points.setdefault(key, []).append(pass_s)
     return envs, [Measured(*key, pass_s=tuple(v)) for key, v in points.items()]
+
+
+def load_measured(target: Path, error: type[KoiError], script: str) -> Any:
+    """A JSON file a GPU script wrote; ``error`` says what is wrong with it and how to
+    write one."""
+    try:
+        return json.loads(target.read_text())
+    except FileNotFoundError:
+        raise error(f"{target}: no such file (write one on a GPU machine with "
+                    f"`python3 {script} --out FILE`)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise error(f"{target}: not a readable JSON file ({e})") from None
 
 
 def _parse_row(row: Any, where: str) -> tuple[tuple[str, int, str, int, int, int], float]:
