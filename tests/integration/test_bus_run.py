@@ -37,9 +37,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SCENARIO = "hetero-3h"
 HORIZON_S = 900.0          # 15 ticks of a minute
-# kill -9 mid-run: the job goes in at tick 2, the kill at tick 4, and ticks 4-7 need the
-# restarted service; the full 15-tick horizon of every kill is `make chaos`'s
-KILL_HORIZON_S = 480.0     # 8 ticks
+# one fault at tick 3-5 (a kill -9, Redis killed, the placer leader frozen, a stage past
+# its deadline): ticks up to 7 run after it, on the restarted, surviving or resumed
+# service; the full 15-tick horizon of every kill is `make chaos`'s
+FAULT_HORIZON_S = 480.0    # 8 ticks
+FAULT_TICKS = 8
 EXAMPLE_JOB = "examples/jobs/chat-online.yaml"
 
 
@@ -189,13 +191,15 @@ def test_malformed_messages_go_to_the_dlq_and_services_carry_on(outside_inputs_r
 
 def test_redis_killed_mid_run_costs_nothing_but_speed(nats_for_run, own_valkey, tmp_path):
     cache = own_valkey()
-    local_decisions, _ = in_process(HORIZON_S)
+    # the same reference as test_engine_metrics_bus's (computed once, bus_runs.in_process)
+    local_decisions, _ = in_process(FAULT_HORIZON_S)
 
     def at_tick(tick: int, sup) -> None:
         if tick == 5 and cache.running:
             cache.kill()
 
-    run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, HORIZON_S, cache.url).run(at_tick)
+    run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, FAULT_HORIZON_S,
+                 cache.url).run(at_tick)
     assert not cache.running
     _assert_same(run.decisions, local_decisions)
 
@@ -211,11 +215,11 @@ def test_kill_9_any_service_mid_run(nats_for_run, redis_url, tmp_path, service):
         if tick == 4 and sup.child(service).restarts == 0:
             sup.kill(service)
 
-    run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, KILL_HORIZON_S, redis_url,
+    run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, FAULT_HORIZON_S, redis_url,
                  extra_env={"KOI_STAGE_DEADLINE_S": "30"}).run(at_tick)
     assert acks and acks[0].accepted
     assert run.restarts[f"{service}-0"] >= 1, "the killed service was not restarted"
-    assert run.summary.ticks == 8
+    assert run.summary.ticks == FAULT_TICKS
     assert "bus-submitted-chat" in run.summary.submitted_jobs
 
 
@@ -241,12 +245,12 @@ def test_standby_placer_takes_over_from_a_frozen_leader(nats_for_run, redis_url,
             frozen.append(leader)
 
     try:
-        run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, HORIZON_S, redis_url,
+        run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, FAULT_HORIZON_S, redis_url,
                      replicas={"placer": 2}).run(at_tick)
     finally:
         for c in frozen:
             c.proc.send_signal(signal.SIGCONT)
-    assert frozen and run.summary.ticks == 15
+    assert frozen and run.summary.ticks == FAULT_TICKS
     standby = 1 - frozen[0].replica
     log = (tmp_path / "logs" / f"placer-{standby}.log").read_text()
     assert "placer_leading" in log
@@ -267,9 +271,9 @@ def test_a_stage_past_its_deadline_degrades_the_tick_and_the_run_goes_on(
             time.sleep(8.0)  # past the 3 s deadline: the placer keeps the last good plan
             ev.proc.send_signal(signal.SIGCONT)
 
-    run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, HORIZON_S, redis_url,
+    run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, FAULT_HORIZON_S, redis_url,
                  extra_env={"KOI_STAGE_DEADLINE_S": "3"}).run(at_tick)
-    assert run.summary.ticks == 15
+    assert run.summary.ticks == FAULT_TICKS
     degraded = [n for n, d in run.decisions.items() if "degraded" in d.notes]
     assert degraded, "no tick was degraded"
     events = [events_pb2.OperatorEvent.FromString(m.data) for m in
