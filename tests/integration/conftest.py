@@ -7,7 +7,8 @@ empty. Tests that stop or kill a server get their own from ``own_nats`` / ``own_
 ``secure_nats`` is a NATS with TLS and one user per role (services/runtime/security.py);
 ``secure_bus`` connects to it as admin, with the same clean state as ``bus``.
 ``nats_for_run`` is a NATS with no Koi state for a whole bus run (``BusRun``): a fresh
-embedded one, or the one at ``KOI_NATS_URL`` emptied.
+embedded one, or the one at ``KOI_NATS_URL`` emptied; ``module_nats_for_run`` is the same
+for one run a module's tests share.
 """
 
 from __future__ import annotations
@@ -124,6 +125,22 @@ def nats_for_run(own_nats: Callable[[], EmbeddedServer]) -> str:
         asyncio.run(_empty(external))
         return external
     return own_nats().url
+
+
+@pytest.fixture(scope="module")
+def module_nats_for_run() -> Iterator[str]:
+    """``nats_for_run`` for a module-scoped fixture (one run whose results several tests
+    read): a fresh embedded NATS, stopped after the module, or KOI_NATS_URL emptied."""
+    external = os.environ.get("KOI_NATS_URL")
+    if external:
+        asyncio.run(_empty(external))
+        yield external
+        return
+    server = start_nats()
+    try:
+        yield server.url
+    finally:
+        server.stop()
 
 
 async def _empty(url: str) -> None:

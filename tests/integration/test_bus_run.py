@@ -3,7 +3,8 @@
 * parity: the bus run and the in-process planner make the same decisions every tick
   and end with the same metrics (also with two proposer/evaluator/placer replicas);
 * a job submitted over the bus is acked, planned and counted;
-* malformed messages go to the dead-letter subject with an event, the service lives on;
+* malformed messages go to the dead-letter subject with an event, the service lives on
+  (these two read one shared run, fed both inputs);
 * Redis killed mid-run, and ``kill -9`` of any one service mid-run: the run completes,
   the killed service was restarted, no submitted job is lost.
 """
@@ -16,6 +17,7 @@ import json
 import re
 import signal
 import time
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -35,6 +37,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SCENARIO = "hetero-3h"
 HORIZON_S = 900.0          # 15 ticks of a minute
+# one fault at tick 3-5 (a kill -9, Redis killed, the placer leader frozen, a stage past
+# its deadline): ticks up to 7 run after it, on the restarted, surviving or resumed
+# service; the full 15-tick horizon of every kill is `make chaos`'s
+FAULT_HORIZON_S = 480.0    # 8 ticks
+FAULT_TICKS = 8
 EXAMPLE_JOB = "examples/jobs/chat-online.yaml"
 
 
@@ -114,12 +121,19 @@ def _grpc_addr(url: str) -> str:
     return asyncio.run(go())
 
 
-def test_submitted_job_is_acked_planned_and_counted(nats_for_run, redis_url, tmp_path):
+@pytest.fixture(scope="module")
+def outside_inputs_run(module_nats_for_run, redis_url, tmp_path_factory):
+    """One run fed from outside while it goes, what two tests check: a job submitted over
+    the bus at tick 2 (again as a retry, and once more under its id with another spec),
+    malformed messages at tick 3, and the planner-api asked over gRPC at tick 10. Neither
+    input touches what the other test looks at (the junk is for tick 9999 and goes to the
+    dead-letter stream), so one run serves both; what they read back is read here."""
+    url = module_nats_for_run
     acks, answers = [], {}
 
     def at_tick(tick: int, sup) -> None:
         if tick == 10 and not answers:  # the planner-api, over gRPC, mid-run
-            with grpc.insecure_channel(_grpc_addr(nats_for_run)) as channel:
+            with grpc.insecure_channel(_grpc_addr(url)) as channel:
                 stub = plan_service_pb2_grpc.PlanServiceStub(channel)
                 deadline = time.monotonic() + 10
                 while time.monotonic() < deadline:
@@ -132,52 +146,60 @@ def test_submitted_job_is_acked_planned_and_counted(nats_for_run, redis_url, tmp
         if tick == 2 and not acks:
             job = _job()
             acks.append(jobs_pb2.JobAck.FromString(
-                _request(nats_for_run, subjects.JOBS_SUBMIT, encode_job(job))))
+                _request(url, subjects.JOBS_SUBMIT, encode_job(job))))
             # the same spec again is a retry, answered as the first time (issue 25); another
             # spec under the same id is refused with the reason
             acks.append(jobs_pb2.JobAck.FromString(
-                _request(nats_for_run, subjects.JOBS_SUBMIT, encode_job(job))))
+                _request(url, subjects.JOBS_SUBMIT, encode_job(job))))
             other = dataclasses.replace(job, priority=job.priority % 9 + 1)
             acks.append(jobs_pb2.JobAck.FromString(
-                _request(nats_for_run, subjects.JOBS_SUBMIT, encode_job(other))))
+                _request(url, subjects.JOBS_SUBMIT, encode_job(other))))
+        if tick == 3:
+            _publish(url, subjects.telemetry_subject(9999), b"\xff\x00 not protobuf")
+            _publish(url, subjects.tick_subject(9999, "observations"), b"\x0a\xff")
 
-    run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, HORIZON_S, redis_url).run(at_tick)
+    run = BusRun(url, tmp_path_factory.mktemp("outside") / "logs", SCENARIO, 1, HORIZON_S,
+                 redis_url).run(at_tick)
+    planned = [planning.decode_plan_targets(m.data)[1]
+               for m in _stored(url, subjects.STREAM_TICKS, subjects.tick_filter("plan"))]
+    dead = {m.subject for m in _stored(url, subjects.STREAM_DLQ, "koi.dlq.>")}
+    events = [events_pb2.OperatorEvent.FromString(m.data)
+              for m in _stored(url, subjects.STREAM_EVENTS, "koi.events.*.dlq")]
+    return SimpleNamespace(run=run, acks=acks, answers=answers, planned=planned, dead=dead,
+                           dlq_events=events)
+
+
+def test_submitted_job_is_acked_planned_and_counted(outside_inputs_run):
+    acks, answers = outside_inputs_run.acks, outside_inputs_run.answers
+    run = outside_inputs_run.run
     assert acks[0].accepted and acks[0].job_id == "bus-submitted-chat"
     assert acks[1].accepted and acks[1].duplicate and acks[1].tick == acks[0].tick
     assert not acks[2].accepted and "different spec" in acks[2].reason
     assert "bus-submitted-chat" in run.summary.submitted_jobs
-    planned = [planning.decode_plan_targets(m.data)[1]
-               for m in _stored(nats_for_run, subjects.STREAM_TICKS, subjects.tick_filter("plan"))]
+    planned = outside_inputs_run.planned
     assert any(t.job_id == "bus-submitted-chat" for targets in planned for t in targets)
     assert answers["plan"].plan.tick >= 8
     assert answers["job"].job.spec.id == "bus-submitted-chat"
 
 
-def test_malformed_messages_go_to_the_dlq_and_services_carry_on(nats_for_run, redis_url,
-                                                                  tmp_path):
-    def at_tick(tick: int, sup) -> None:
-        if tick == 3:
-            _publish(nats_for_run, subjects.telemetry_subject(9999), b"\xff\x00 not protobuf")
-            _publish(nats_for_run, subjects.tick_subject(9999, "observations"), b"\x0a\xff")
-
-    run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, HORIZON_S, redis_url).run(at_tick)
-    assert run.summary.ticks == 15
-    dead = {m.subject for m in _stored(nats_for_run, subjects.STREAM_DLQ, "koi.dlq.>")}
-    assert {"koi.dlq.telemetry-ingest", "koi.dlq.causal-store"} <= dead
-    events = [events_pb2.OperatorEvent.FromString(m.data)
-              for m in _stored(nats_for_run, subjects.STREAM_EVENTS, "koi.events.*.dlq")]
+def test_malformed_messages_go_to_the_dlq_and_services_carry_on(outside_inputs_run):
+    assert outside_inputs_run.run.summary.ticks == 15
+    assert {"koi.dlq.telemetry-ingest", "koi.dlq.causal-store"} <= outside_inputs_run.dead
+    events = outside_inputs_run.dlq_events
     assert {e.service for e in events} >= {"telemetry-ingest", "causal-store"}
 
 
 def test_redis_killed_mid_run_costs_nothing_but_speed(nats_for_run, own_valkey, tmp_path):
     cache = own_valkey()
-    local_decisions, _ = in_process(HORIZON_S)
+    # the same reference as test_engine_metrics_bus's (computed once, bus_runs.in_process)
+    local_decisions, _ = in_process(FAULT_HORIZON_S)
 
     def at_tick(tick: int, sup) -> None:
         if tick == 5 and cache.running:
             cache.kill()
 
-    run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, HORIZON_S, cache.url).run(at_tick)
+    run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, FAULT_HORIZON_S,
+                 cache.url).run(at_tick)
     assert not cache.running
     _assert_same(run.decisions, local_decisions)
 
@@ -193,11 +215,11 @@ def test_kill_9_any_service_mid_run(nats_for_run, redis_url, tmp_path, service):
         if tick == 4 and sup.child(service).restarts == 0:
             sup.kill(service)
 
-    run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, HORIZON_S, redis_url,
+    run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, FAULT_HORIZON_S, redis_url,
                  extra_env={"KOI_STAGE_DEADLINE_S": "30"}).run(at_tick)
     assert acks and acks[0].accepted
     assert run.restarts[f"{service}-0"] >= 1, "the killed service was not restarted"
-    assert run.summary.ticks == 15
+    assert run.summary.ticks == FAULT_TICKS
     assert "bus-submitted-chat" in run.summary.submitted_jobs
 
 
@@ -223,12 +245,12 @@ def test_standby_placer_takes_over_from_a_frozen_leader(nats_for_run, redis_url,
             frozen.append(leader)
 
     try:
-        run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, HORIZON_S, redis_url,
+        run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, FAULT_HORIZON_S, redis_url,
                      replicas={"placer": 2}).run(at_tick)
     finally:
         for c in frozen:
             c.proc.send_signal(signal.SIGCONT)
-    assert frozen and run.summary.ticks == 15
+    assert frozen and run.summary.ticks == FAULT_TICKS
     standby = 1 - frozen[0].replica
     log = (tmp_path / "logs" / f"placer-{standby}.log").read_text()
     assert "placer_leading" in log
@@ -249,9 +271,9 @@ def test_a_stage_past_its_deadline_degrades_the_tick_and_the_run_goes_on(
             time.sleep(8.0)  # past the 3 s deadline: the placer keeps the last good plan
             ev.proc.send_signal(signal.SIGCONT)
 
-    run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, HORIZON_S, redis_url,
+    run = BusRun(nats_for_run, tmp_path / "logs", SCENARIO, 1, FAULT_HORIZON_S, redis_url,
                  extra_env={"KOI_STAGE_DEADLINE_S": "3"}).run(at_tick)
-    assert run.summary.ticks == 15
+    assert run.summary.ticks == FAULT_TICKS
     degraded = [n for n, d in run.decisions.items() if "degraded" in d.notes]
     assert degraded, "no tick was degraded"
     events = [events_pb2.OperatorEvent.FromString(m.data) for m in

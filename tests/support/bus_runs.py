@@ -4,6 +4,7 @@ in-process reference a bus run is compared with, and reading back what a run sto
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from koi.catalog import load_catalog
 from koi.cluster import PlanDecision
@@ -37,7 +38,16 @@ async def stored_messages(url: str, subject: str) -> list[tuple[str, int, bytes]
 def in_process(scenario: str, horizon_s: float, seed: int = 1
                ) -> tuple[dict[int, PlanDecision], RunMetrics]:
     """Koi on ``scenario`` cut to ``horizon_s``, in one process: each tick's decision and
-    the run's metrics."""
+    the run's metrics. The run is deterministic, so it is computed once per session and
+    shared (several bus runs compare with the same reference); each caller gets its own
+    dict, and the decisions and metrics are frozen (treat their ``notes`` as read-only)."""
+    decisions, metrics = _in_process(scenario, horizon_s, seed)
+    return dict(decisions), metrics
+
+
+@functools.cache
+def _in_process(scenario: str, horizon_s: float, seed: int
+                ) -> tuple[dict[int, PlanDecision], RunMetrics]:
     cat = load_catalog()
     scn = dataclasses.replace(load_scenario(scenario), horizon_s=horizon_s)
     policy = make_policy("koi", catalog=cat, seed=seed)
