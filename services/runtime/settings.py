@@ -33,6 +33,7 @@ from pydantic import (
 from pydantic import dataclasses as pydantic_dataclasses
 
 from koi.planner.churn_settings import ChurnSettings
+from koi.planner.settings import VARIANTS
 from koi.rlm.settings import env_table as rlm_env_table
 
 ENV_PREFIX = "KOI_"
@@ -168,8 +169,8 @@ class ServiceSettings:
     sample_fraction: float | None = Field(default=None, ge=1e-6, le=1.0,
                                           description="simulator request thinning; empty = "
                                                       "the scenario's/auto")
-    policy: str = Field(default="koi", min_length=1, description="planner variant: koi | "
-                        "koi-no-causal | koi-no-learning | koi-no-dro | koi-ttft-nominal")
+    policy: str = Field(default="koi", min_length=1,
+                        description="planner variant: " + " | ".join(VARIANTS))
     grpc_addr: str = Field(default="127.0.0.1:50051",
                            description="planner-api's gRPC listen address")
     stage_deadline_s: float = Field(default=60.0, ge=1e-3, le=3600.0,
