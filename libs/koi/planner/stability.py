@@ -261,42 +261,51 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
         if same and t.replicas > planned and margin > 0:
             t = _beyond(t, margin, spare)
         elif same and t.replicas < planned and window > 0:
-            peak = max(r for when, k, r in plans[t.job_id] if k == key and now - when < window)
-            band = max(settings.scale_down_band, math.floor(margin * peak))
-            floor = max(peak + band, math.ceil(peak * (1.0 + settings.scale_down_headroom)
-                                               - 1e-9))
-            keep = planned if floor >= planned else max(t.replicas, floor)
-            last = max(memory.moves.get(t.job_id, ()), default=None)
-            if last is not None and now - last < settings.scale_down_gap_s:
-                keep = planned
-            rising = settings.scale_down_rising_hold and keep < planned and rate_rising(
-                memory.rates.get(t.job_id, ()), now, settings)
-            if rising:
-                keep = planned
-            short = settings.scale_down_short_hold and keep < planned \
-                and t.served < SERVED_IN_FULL
-            if short:
-                keep = planned
-            wanted = keep
-            if settings.scale_down_yield:
-                keep = _yield(t, keep, spare)
-            elif newcomers:
-                keep = _yield_new(t, keep, spare, newcomers)
-            if keep != t.replicas:
-                gap = (f"; its last move {now - last:.0f} s ago" if last is not None
-                       and now - last < settings.scale_down_gap_s else "")
-                if rising:
-                    gap += "; its rate is rising"
-                if short:
-                    gap += f"; the plan serves {t.served:.0%} of its demand"
-                if keep < wanted:
-                    gap += f"; {wanted - keep} given back for another job's growth"
-                t = replace(t, replicas=keep, reason=f"{t.reason}; scale-down held: "
-                            f"{t.replicas} planned, keeping {keep} (the most planned in "
-                            f"the last {window:.0f} s: {peak}"
-                            + (f", and a band of {band}" if band else "") + f"{gap})")
+            t = _held_down(t, planned, plans[t.job_id], key, memory, now, settings,
+                           spare, newcomers)
         out.append(t)
     return out, replace(memory, plans=plans)
+
+
+def _held_down(t: Target, planned: int, plans: Sequence[tuple[float, str, int]], key: str,
+               memory: ChurnMemory, now: float, settings: ChurnSettings,
+               spare: dict[str, int], newcomers: dict[str, int]) -> Target:
+    """A scale-down ``t`` of a job running ``planned`` replicas on placement ``key``, as
+    the holds allow: to the most planned within the window (``plans``, this one
+    included) plus the band or the headroom; not at all within the gap after a move,
+    while the rate rises, or where the plan serves less than the job's demand; less
+    what another job's growth (or a newcomer's) needs, with a yield."""
+    window = settings.scale_down_window_s
+    peak = max(r for when, k, r in plans if k == key and now - when < window)
+    band = max(settings.scale_down_band, math.floor(settings.scale_up_margin * peak))
+    floor = max(peak + band, math.ceil(peak * (1.0 + settings.scale_down_headroom) - 1e-9))
+    keep = planned if floor >= planned else max(t.replicas, floor)
+    last = max(memory.moves.get(t.job_id, ()), default=None)
+    recent = last is not None and now - last < settings.scale_down_gap_s
+    if recent:
+        keep = planned
+    rising = settings.scale_down_rising_hold and keep < planned and rate_rising(
+        memory.rates.get(t.job_id, ()), now, settings)
+    short = settings.scale_down_short_hold and keep < planned and t.served < SERVED_IN_FULL
+    if rising or short:
+        keep = planned
+    wanted = keep
+    if settings.scale_down_yield:
+        keep = _yield(t, keep, spare)
+    elif newcomers:
+        keep = _yield_new(t, keep, spare, newcomers)
+    if keep == t.replicas:
+        return t
+    why = f"; its last move {now - (last or 0.0):.0f} s ago" if recent else ""
+    if rising:
+        why += "; its rate is rising"
+    if short:
+        why += f"; the plan serves {t.served:.0%} of its demand"
+    if keep < wanted:
+        why += f"; {wanted - keep} given back for another job's growth"
+    return replace(t, replicas=keep, reason=f"{t.reason}; scale-down held: {t.replicas} "
+                   f"planned, keeping {keep} (the most planned in the last {window:.0f} s:"
+                   f" {peak}" + (f", and a band of {band}" if band else "") + f"{why})")
 
 
 def _yield(t: Target, keep: int, spare: dict[str, int]) -> int:
