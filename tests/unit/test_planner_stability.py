@@ -397,3 +397,33 @@ def test_a_plan_short_of_demand_does_not_scale_down_unless_a_newcomer_needs_the_
     (t, _), _ = stabilise([with_(target(3), served=0.6), newcomer], full,
                           remember(m, full), both)
     assert t.replicas == 4 and "2 given back" in t.reason
+
+
+def test_the_documented_off_environment_leaves_every_newer_hold_inert():
+    """history/ISSUE30-rate: today's Koi is run with these variables; holds added since
+    must not act under them, so a run with them is the same planner as ``off()``."""
+    from dataclasses import replace as with_
+
+    env = {"KOI_CHURN_MAKE_BEFORE_BREAK": "false", "KOI_CHURN_SCALE_DOWN_WINDOW_S": "0",
+           "KOI_CHURN_SCALE_DOWN_BAND": "0", "KOI_CHURN_SCALE_DOWN_GAP_S": "0",
+           "KOI_CHURN_SCALE_UP_MARGIN": "0", "KOI_CHURN_SCALE_UP_CONFIRM": "1",
+           "KOI_CHURN_RATE_WINDOW_S": "0", "KOI_CHURN_RATE_RISE_S": "0",
+           "KOI_CHURN_COOLDOWN_S": "0", "KOI_CHURN_MOVE_VALUE_H": "0",
+           "KOI_CHURN_UNCERTAINTY_Z": "0", "KOI_CHURN_DEFAULT_MAX_MOVES_PER_HOUR": "0"}
+    on = {"KOI_CHURN_SCALE_DOWN_RISING_HOLD": "true", "KOI_CHURN_SCALE_DOWN_HEADROOM": "0.5",
+          "KOI_CHURN_SCALE_DOWN_SHORT_HOLD": "true", "KOI_CHURN_SCALE_DOWN_YIELD_NEW": "true",
+          "KOI_CHURN_SCALE_UP_AFTER_DOWN_CONFIRM": "5"}
+    documented = ChurnSettings.from_env({**env, **on})
+    rising = tuple((60.0 * i, 1.0 + i) for i in range(10))
+    runs = []
+    for settings in (documented, ChurnSettings.off()):
+        m = ChurnMemory(rates={"a": rising})
+        got = []
+        for t0, deps, plan in ((0.0, [], target(9)), (60.0, [dep(replicas=9)], target(6)),
+                               (120.0, [dep(replicas=6)], with_(target(3), served=0.5)),
+                               (180.0, [dep(replicas=3)], target(5))):
+            s = snap(t0, deps)
+            (t,), m = stabilise([plan], s, remember(m, s), settings)
+            got.append((t.replicas, t.reason))
+        runs.append(got)
+    assert runs[0] == runs[1] == [(9, "plan"), (6, "plan"), (3, "plan"), (5, "plan")]
