@@ -14,7 +14,7 @@ from koi.space import engine_default_config
 
 OFF = "aws/us-east-1/h100-sxm/on_demand"
 S = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, cooldown_s=900.0,
-                  scale_up_confirm=1)
+                  scale_up_confirm=1, scale_down_headroom=0.0)
 
 
 def job(**extra) -> JobStatus:
@@ -204,7 +204,8 @@ def test_a_scale_up_waits_for_plans_in_a_row_and_goes_to_the_fewest_they_asked()
 
 
 def test_a_falling_count_steps_down_once_per_gap_not_a_replica_a_tick():
-    gap = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, scale_down_gap_s=600.0)
+    gap = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, scale_down_gap_s=600.0,
+                        scale_down_headroom=0.0)
     m = ChurnMemory(moves={"a": (0.0,)})
     s = snap(360, [dep(replicas=6)])
     (t,), m2 = stabilise([target(3)], s, remember(m, s), gap)
@@ -322,7 +323,7 @@ def test_no_scale_down_while_the_rate_is_rising():
     from koi.planner.stability import rate_rising
 
     hold = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, scale_down_gap_s=0.0,
-                         scale_down_rising_hold=True)
+                         scale_down_rising_hold=True, scale_down_headroom=0.0)
     flat = tuple((60.0 * i, 2.0) for i in range(10))
     rising = (*flat[:-2], (480.0, 3.0), (540.0, 3.0))
     assert rate_rising(rising, 560.0, hold) and not rate_rising(flat, 560.0, hold)
@@ -382,7 +383,7 @@ def test_a_plan_short_of_demand_does_not_scale_down_unless_a_newcomer_needs_the_
     from koi.cluster import OfferingCapacity
 
     short = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, scale_down_gap_s=0.0,
-                          scale_down_short_hold=True)
+                          scale_down_short_hold=True, scale_down_headroom=0.0)
     s = snap(600, [dep(replicas=6)])
     m = ChurnMemory(plans={"a": ((360.0, _key_of(), 3),)})
     (t,), _ = stabilise([with_(target(3), served=0.6)], s, remember(m, s), short)

@@ -15,7 +15,8 @@ ENV_PREFIX = "KOI_CHURN_"
 
 class ChurnSettings(BaseModel):
     """The fleet's churn settings. Defaults chosen on development seeds (generated medium
-    1-6 and hetero-3h s1; docs/history/ISSUE30-rate-2026-12-04.md)."""
+    1-6 and hetero-3h s1; docs/history/ISSUE30-rate-2026-12-04.md and
+    ISSUE30-flaps-2026-12-04.md)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -41,14 +42,15 @@ class ChurnSettings(BaseModel):
     scale_down_yield_new: bool = Field(
         False, description="A held scale-down gives back the GPUs that jobs holding none "
         "(a launch, a job whose offering stocked out) were planned on its offering beyond "
-        "the free ones, and no more: a new job does not wait for GPUs a hold keeps, while "
-        "GPUs the composer reshuffles between running jobs stay held.")
+        "the free ones, and no more (off: on development seeds a partial give-back left "
+        "the newcomer still waiting and the GPUs idle, and the held job took them back the "
+        "next tick: flaps 2 -> 21 on four runs).")
     scale_down_headroom: float = Field(
-        0.0, ge=0.0, le=1.0, description="A scale-down keeps this share above the most "
+        0.25, ge=0.0, le=1.0, description="A scale-down keeps this share above the most "
         "planned over the window (rounded up), so a count that falls and rises back "
         "within the flap window is not taken down and up again (0: off; the band alone).")
     scale_down_rising_hold: bool = Field(
-        False, description="An online job does not scale down while its rate over the "
+        True, description="An online job does not scale down while its rate over the "
         "last rate_rise_s is above its mean over rate_window_s (demand rising: the lower "
         "count would be undone within minutes).")
     scale_down_short_hold: bool = Field(

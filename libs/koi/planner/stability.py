@@ -294,7 +294,7 @@ def _held_down(t: Target, planned: int, plans: Sequence[tuple[float, str, int]],
         keep = _yield(t, keep, spare)
     elif newcomers:
         keep = _yield_new(t, keep, spare, newcomers)
-    if keep == t.replicas:
+    if keep == t.replicas == wanted:
         return t
     why = f"; its last move {now - (last or 0.0):.0f} s ago" if recent else ""
     if rising:
