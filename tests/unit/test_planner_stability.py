@@ -14,7 +14,7 @@ from koi.space import engine_default_config
 
 OFF = "aws/us-east-1/h100-sxm/on_demand"
 S = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, cooldown_s=900.0,
-                  scale_up_confirm=1)
+                  scale_up_confirm=1, scale_down_headroom=0.0)
 
 
 def job(**extra) -> JobStatus:
@@ -204,7 +204,8 @@ def test_a_scale_up_waits_for_plans_in_a_row_and_goes_to_the_fewest_they_asked()
 
 
 def test_a_falling_count_steps_down_once_per_gap_not_a_replica_a_tick():
-    gap = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, scale_down_gap_s=600.0)
+    gap = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, scale_down_gap_s=600.0,
+                        scale_down_headroom=0.0)
     m = ChurnMemory(moves={"a": (0.0,)})
     s = snap(360, [dep(replicas=6)])
     (t,), m2 = stabilise([target(3)], s, remember(m, s), gap)
@@ -275,3 +276,155 @@ def test_a_held_scale_down_gives_back_the_gpus_another_job_was_planned():
 def _key_of() -> str:
     from koi.planner.stability import _key
     return _key(cfg(), OFF)
+
+
+def test_a_held_scale_down_yields_only_to_a_job_that_holds_no_gpus():
+    from koi.cluster import OfferingCapacity
+
+    per = cfg().gpus_per_replica
+    b_runs = Deployment("db", "b", cfg(max_num_seqs=64).with_(offering=OFF, replicas=1), OFF,
+                        DeploymentState.RUNNING, 1, 0, 0.0)
+    cap = (OfferingCapacity(OFF, 8 * per, 7 * per),)        # a's 6, b's 1, one free
+
+    def at(deps) -> ClusterSnapshot:
+        s = snap(120, deps)
+        return ClusterSnapshot(s.tick, s.time_s, s.tick_s, s.horizon_s, cap, s.deployments,
+                               s.jobs)
+
+    m = ChurnMemory(plans={"a": ((60.0, _key_of(), 6),)})
+    grows = Target("b", "place", "plan", cfg(max_num_seqs=64), OFF, 4)   # 3 more: 2 short
+    newcomer = Target("c", "place", "plan", cfg(max_num_seqs=32), OFF, 3)  # 3 new: 2 short
+    new_only = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0,
+                             scale_down_yield_new=True)
+    s = at([dep(replicas=6), b_runs])
+    (t, _), _ = stabilise([target(2), grows], s, remember(m, s), new_only)
+    assert t.replicas == 6                  # b holds GPUs: its growth waits, the hold keeps
+    s = at([dep(replicas=6)])
+    (t, _), _ = stabilise([target(2), newcomer], s, remember(m, s), new_only)
+    assert t.replicas == 4 and "2 given back for another job's growth" in t.reason
+    big = Target("c", "place", "plan", cfg(max_num_seqs=32), OFF, 1)     # fits in the free one
+    (t, _), _ = stabilise([target(2), big], s, remember(m, s), new_only)
+    assert t.replicas == 6
+
+
+def test_headroom_keeps_a_share_above_the_most_planned():
+    room = ChurnSettings(scale_down_window_s=300.0, scale_down_band=1,
+                         scale_down_headroom=0.25, scale_down_gap_s=0.0)
+    s = snap(600, [dep(replicas=12)])
+    m = ChurnMemory(plans={"a": ((360.0, _key_of(), 6),)})
+    (t,), _ = stabilise([target(5)], s, remember(m, s), room)
+    assert t.replicas == 8                  # ceil(6 × 1.25) = 8 > 6 + the band of 1
+    (t,), _ = stabilise([target(5)], s, remember(m, s), room.model_copy(
+        update={"scale_down_headroom": 0.0}))
+    assert t.replicas == 7
+
+
+def test_no_scale_down_while_the_rate_is_rising():
+    from koi.planner.stability import rate_rising
+
+    hold = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, scale_down_gap_s=0.0,
+                         scale_down_rising_hold=True, scale_down_headroom=0.0)
+    flat = tuple((60.0 * i, 2.0) for i in range(10))
+    rising = (*flat[:-2], (480.0, 3.0), (540.0, 3.0))
+    assert rate_rising(rising, 560.0, hold) and not rate_rising(flat, 560.0, hold)
+    assert not rate_rising(rising, 560.0, ChurnSettings.off())
+    s = snap(560, [dep(replicas=6)])
+    for rates, want in ((rising, 6), (flat, 3)):
+        m = ChurnMemory(rates={"a": rates})
+        (t,), _ = stabilise([target(3)], s, m, hold)
+        assert t.replicas == want
+        assert ("its rate is rising" in t.reason) == (want == 6)
+
+
+def test_a_scale_up_soon_after_a_scale_down_needs_more_plans_unless_it_goes_beyond():
+    after = ChurnSettings(scale_down_window_s=600.0, scale_down_band=0, scale_down_gap_s=600.0,
+                          scale_up_confirm=2, scale_up_after_down_confirm=4)
+    m = ChurnMemory()
+    for t0, n in ((0.0, 6), (60.0, 4)):                   # the fleet shows 6 -> 4 at 60 s
+        m = remember(m, snap(t0, [dep(replicas=n)]))
+    assert m.downs["a"] == (60.0, 6)
+    asked = []
+    for t0 in (120.0, 180.0, 240.0, 300.0):
+        s = snap(t0, [dep(replicas=4)])
+        (t,), m = stabilise([target(5)], s, remember(m, s), after)
+        asked.append(t.replicas)
+    assert asked == [4, 4, 4, 5]                        # the fourth plan in a row
+    m2 = remember(ChurnMemory(), snap(0.0, [dep(replicas=6)]))
+    m2 = remember(m2, snap(60.0, [dep(replicas=4)]))
+    for t0 in (120.0, 180.0):
+        s = snap(t0, [dep(replicas=4)])
+        (t,), m2 = stabilise([target(7)], s, remember(m2, s), after)
+    assert t.replicas == 7                   # beyond the 6 it ran: the usual two plans
+    m3 = remember(ChurnMemory(), snap(0.0, [dep(replicas=6)]))
+    m3 = remember(m3, snap(60.0, [dep(replicas=4)]))
+    for t0 in (600.0, 660.0):
+        s = snap(t0, [dep(replicas=4)])
+        (t,), m3 = stabilise([target(5)], s, remember(m3, s), after)
+    assert t.replicas == 5                   # the gap since the scale-down passed: two plans
+
+
+def test_a_launch_count_is_held_like_any_plan_for_its_placement():
+    s0 = snap(0, [])
+    (t,), m = stabilise([target(9)], s0, remember(ChurnMemory(), s0), S)
+    assert t.replicas == 9
+    starting = Deployment("d1", "a", cfg().with_(offering=OFF, replicas=9), OFF,
+                          DeploymentState.STARTING, 0, 9, 0.0)
+    s1 = snap(120, [starting])
+    (t,), m = stabilise([target(6)], s1, remember(m, s1), S)
+    assert t.replicas == 9 and "the most planned in the last 300 s: 9" in t.reason
+    s2 = snap(360, [dep(replicas=9)])
+    (t,), _ = stabilise([target(6)], s2, remember(m, s2), S)
+    assert t.replicas == 6                    # the launch's 9 left the window
+
+
+def test_a_plan_short_of_demand_does_not_scale_down_unless_a_newcomer_needs_the_gpus():
+    from dataclasses import replace as with_
+
+    from koi.cluster import OfferingCapacity
+
+    short = ChurnSettings(scale_down_window_s=300.0, scale_down_band=0, scale_down_gap_s=0.0,
+                          scale_down_short_hold=True, scale_down_headroom=0.0)
+    s = snap(600, [dep(replicas=6)])
+    m = ChurnMemory(plans={"a": ((360.0, _key_of(), 3),)})
+    (t,), _ = stabilise([with_(target(3), served=0.6)], s, remember(m, s), short)
+    assert t.replicas == 6 and "the plan serves 60% of its demand" in t.reason
+    (t,), _ = stabilise([with_(target(3), served=1.0)], s, remember(m, s), short)
+    assert t.replicas == 3                    # demand fell: the window alone
+    per = cfg().gpus_per_replica
+    full = ClusterSnapshot(s.tick, s.time_s, s.tick_s, s.horizon_s,
+                           (OfferingCapacity(OFF, 6 * per, 6 * per),), s.deployments, s.jobs)
+    newcomer = Target("c", "place", "plan", cfg(max_num_seqs=32), OFF, 2)
+    both = short.model_copy(update={"scale_down_yield_new": True})
+    (t, _), _ = stabilise([with_(target(3), served=0.6), newcomer], full,
+                          remember(m, full), both)
+    assert t.replicas == 4 and "2 given back" in t.reason
+
+
+def test_the_documented_off_environment_leaves_every_newer_hold_inert():
+    """history/ISSUE30-rate: today's Koi is run with these variables; holds added since
+    must not act under them, so a run with them is the same planner as ``off()``."""
+    from dataclasses import replace as with_
+
+    env = {"KOI_CHURN_MAKE_BEFORE_BREAK": "false", "KOI_CHURN_SCALE_DOWN_WINDOW_S": "0",
+           "KOI_CHURN_SCALE_DOWN_BAND": "0", "KOI_CHURN_SCALE_DOWN_GAP_S": "0",
+           "KOI_CHURN_SCALE_UP_MARGIN": "0", "KOI_CHURN_SCALE_UP_CONFIRM": "1",
+           "KOI_CHURN_RATE_WINDOW_S": "0", "KOI_CHURN_RATE_RISE_S": "0",
+           "KOI_CHURN_COOLDOWN_S": "0", "KOI_CHURN_MOVE_VALUE_H": "0",
+           "KOI_CHURN_UNCERTAINTY_Z": "0", "KOI_CHURN_DEFAULT_MAX_MOVES_PER_HOUR": "0"}
+    on = {"KOI_CHURN_SCALE_DOWN_RISING_HOLD": "true", "KOI_CHURN_SCALE_DOWN_HEADROOM": "0.5",
+          "KOI_CHURN_SCALE_DOWN_SHORT_HOLD": "true", "KOI_CHURN_SCALE_DOWN_YIELD_NEW": "true",
+          "KOI_CHURN_SCALE_UP_AFTER_DOWN_CONFIRM": "5"}
+    documented = ChurnSettings.from_env({**env, **on})
+    rising = tuple((60.0 * i, 1.0 + i) for i in range(10))
+    runs = []
+    for settings in (documented, ChurnSettings.off()):
+        m = ChurnMemory(rates={"a": rising})
+        got = []
+        for t0, deps, plan in ((0.0, [], target(9)), (60.0, [dep(replicas=9)], target(6)),
+                               (120.0, [dep(replicas=6)], with_(target(3), served=0.5)),
+                               (180.0, [dep(replicas=3)], target(5))):
+            s = snap(t0, deps)
+            (t,), m = stabilise([plan], s, remember(m, s), settings)
+            got.append((t.replicas, t.reason))
+        runs.append(got)
+    assert runs[0] == runs[1] == [(9, "plan"), (6, "plan"), (3, "plan"), (5, "plan")]

@@ -241,7 +241,10 @@ def test_plan_gives_the_placer_its_targets_and_notes(run: list[Tick]) -> None:
             t.snapshot.tick, plan, t.report.explanations, t.report.belief_version))
         assert tick == t.snapshot.tick
         assert targets == tuple(Target(c.job_id, c.decision.value, c.reason, c.config,
-                                       c.offering, c.replicas) for c in plan.choices)
+                                       c.offering, c.replicas,
+                                       min(c.goodput_tok_s / c.demand_tok_s, 1.0)
+                                       if c.demand_tok_s > 0 else 1.0)
+                                for c in plan.choices)
         assert notes == t.decision.notes
         # the placer acting on the decoded targets does what the in-process tick did
         assert t.placed_from_bytes == list(t.decision.actions)

@@ -15,7 +15,8 @@ ENV_PREFIX = "KOI_CHURN_"
 
 class ChurnSettings(BaseModel):
     """The fleet's churn settings. Defaults chosen on development seeds (generated medium
-    1-6 and hetero-3h s1; docs/history/ISSUE30-rate-2026-12-04.md)."""
+    1-6 and hetero-3h s1; docs/history/ISSUE30-rate-2026-12-04.md and
+    ISSUE30-flaps-2026-12-04.md)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -38,6 +39,29 @@ class ChurnSettings(BaseModel):
         False, description="A held scale-down gives back the GPUs the plan's growth on its "
         "offering needs beyond the free ones (off: on development seeds it kept a new job "
         "from waiting but undid most of the holds, flaps 14 -> 107).")
+    scale_down_yield_new: bool = Field(
+        False, description="A held scale-down gives back the GPUs that jobs holding none "
+        "(a launch, a job whose offering stocked out) were planned on its offering beyond "
+        "the free ones, and no more (off: on development seeds a partial give-back left "
+        "the newcomer still waiting and the GPUs idle, and the held job took them back the "
+        "next tick: flaps 2 -> 21 on four runs).")
+    scale_down_headroom: float = Field(
+        0.25, ge=0.0, le=1.0, description="A scale-down keeps this share above the most "
+        "planned over the window (rounded up), so a count that falls and rises back "
+        "within the flap window is not taken down and up again (0: off; the band alone).")
+    scale_down_rising_hold: bool = Field(
+        True, description="An online job does not scale down while its rate over the "
+        "last rate_rise_s is above its mean over rate_window_s (demand rising: the lower "
+        "count would be undone within minutes).")
+    scale_down_short_hold: bool = Field(
+        False, description="A job whose plan serves less than its demand keeps what it "
+        "runs rather than scale down (the composer gave its GPUs to others; its demand "
+        "did not fall), but for what jobs holding no GPUs need (scale_down_yield_new).")
+    scale_up_after_down_confirm: int = Field(
+        0, ge=0, le=30, description="Plans in a row that must ask for more replicas "
+        "before a scale-up within scale_down_gap_s of the job's last scale-down, in "
+        "place of scale_up_confirm (0: scale_up_confirm), unless the plan asks for more "
+        "than the job ran before that scale-down; only with a scale-down window.")
     scale_up_margin: float = Field(
         0.0, ge=0.0, le=1.0, description="A scale-up goes this share beyond the count "
         "planned (rounded down: no extra replica below 1/margin), and the scale-down band "
@@ -99,7 +123,10 @@ class ChurnSettings(BaseModel):
     def off(cls) -> ChurnSettings:
         """Every hold off: the planner as it was before plan stability."""
         return cls(make_before_break=False, scale_down_window_s=0.0, scale_down_band=0,
-                   scale_down_gap_s=0.0, scale_down_yield=False, scale_up_margin=0.0,
+                   scale_down_gap_s=0.0, scale_down_yield=False, scale_down_yield_new=False,
+                   scale_down_headroom=0.0, scale_down_rising_hold=False,
+                   scale_down_short_hold=False,
+                   scale_up_after_down_confirm=0, scale_up_margin=0.0,
                    scale_up_confirm=1, rate_window_s=0.0, rate_rise_s=0.0, cooldown_s=0.0,
                    move_value_h=0.0, uncertainty_z=0.0, default_max_moves_per_hour=0.0)
 

@@ -49,6 +49,10 @@ class Target:
     config: DeploymentConfig | None = None
     offering: str = ""
     replicas: int = 0
+    # the share of the job's demand the planned count serves (the composer's expected
+    # goodput ÷ demand, at most 1): below 1 a lower count is the composer giving GPUs to
+    # others, not demand falling (``stability``'s ``scale_down_short_hold``)
+    served: float = 1.0
 
 
 def _live(snapshot: ClusterSnapshot, job_id: str) -> list[Deployment]:

@@ -55,6 +55,7 @@ from koi.planner.propose import Proposal
 from koi.space import DeploymentConfig
 
 HOUR_S = 3600.0
+SERVED_IN_FULL = 0.99   # a plan serving less of a job's demand leaves it under-provisioned
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class ChurnMemory:
     moves: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     # online job → ((time, observed rate), …) within the last hour, newest last
     rates: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    # job → (time, replicas before it) of its last scale-down within the last hour
+    downs: Mapping[str, tuple[float, int]] = field(default_factory=dict)
 
 
 def _key(config: DeploymentConfig, offering: str) -> str:
@@ -95,6 +98,7 @@ def remember(memory: ChurnMemory, snapshot: ClusterSnapshot) -> ChurnMemory:
     had = {job for job, _, _ in memory.seen.values()}
     moves = {k: kept for k, v in memory.moves.items()
              if (kept := tuple(t for t in v if now - t < HOUR_S))}
+    downs = {k: v for k, v in memory.downs.items() if now - v[0] < HOUR_S}
     seen = {}
     for d in _live(snapshot):
         key, n = _key(d.config, d.offering), d.config.replicas
@@ -103,7 +107,9 @@ def remember(memory: ChurnMemory, snapshot: ClusterSnapshot) -> ChurnMemory:
         moved = d.job_id in had if before is None else before[1:] != (key, n)
         if moved:
             moves[d.job_id] = (*moves.get(d.job_id, ()), now)
-    return replace(memory, seen=seen, moves=moves, rates=rates)
+        if before is not None and before[1] == key and before[2] > n:
+            downs[d.job_id] = (now, before[2])
+    return replace(memory, seen=seen, moves=moves, rates=rates, downs=downs)
 
 
 def planned_rate(history: Sequence[tuple[float, float]], now: float,
@@ -120,6 +126,18 @@ def planned_rate(history: Sequence[tuple[float, float]], now: float,
     window = [r for t, r in history if now - t < settings.rate_window_s]
     recent = [r for t, r in history if now - t < settings.rate_rise_s] or [history[-1][1]]
     return max(sum(window) / len(window) if window else 0.0, sum(recent) / len(recent))
+
+
+def rate_rising(history: Sequence[tuple[float, float]], now: float,
+                settings: ChurnSettings) -> bool:
+    """Whether an online job's mean rate over the last ``rate_rise_s`` is above its mean
+    over ``rate_window_s`` (``history`` as ``planned_rate`` reads it): its demand is
+    rising, so a lower count now would be raised again within minutes."""
+    if settings.rate_window_s <= 0 or settings.rate_rise_s <= 0:
+        return False
+    window = [r for t, r in history if now - t < settings.rate_window_s]
+    recent = [r for t, r in history if now - t < settings.rate_rise_s]
+    return bool(window and recent) and sum(recent) / len(recent) > sum(window) / len(window)
 
 
 def planning_view(snapshot: ClusterSnapshot, memory: ChurnMemory,
@@ -202,11 +220,13 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
         if live.state == DeploymentState.RUNNING and live.job_id not in primary:
             primary[live.job_id] = live
         by_key.setdefault((live.job_id, _key(live.config, live.offering)), live)
-    keep_s = max(window, settings.scale_up_confirm * snapshot.tick_s)
+    keep_s = max(window, max(settings.scale_up_confirm, settings.scale_up_after_down_confirm)
+                 * snapshot.tick_s)
     plans = {k: kept for k, v in memory.plans.items()
              if (kept := tuple(p for p in v if now - p[0] < keep_s))}
     jobs = {j.id: j for j in snapshot.jobs}
     spare = _spare(targets, snapshot)
+    newcomers = _newcomers(targets, snapshot) if settings.scale_down_yield_new else {}
     out = []
     for t in targets:
         # the deployment the target would resize: the job's on the same placement, still
@@ -214,6 +234,11 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
         key = _key(t.config, t.offering) if t.config is not None else ""
         d = by_key.get((t.job_id, key)) or primary.get(t.job_id)
         if t.decision != "place" or t.config is None or d is None:
+            if t.decision == "place" and t.config is not None and window > 0:
+                # a launch's count is a plan for its placement too: without it a fresh
+                # launch scaled down the next tick, on its first rate (gen-medium-5:
+                # 15 -> 12 a minute after launch, back to 16 within 6 minutes)
+                plans[t.job_id] = (*plans.get(t.job_id, ()), (now, key, t.replicas))
             out.append(t)
             continue
         planned = d.config.replicas
@@ -232,29 +257,55 @@ def stabilise(targets: Sequence[Target], snapshot: ClusterSnapshot, memory: Chur
         margin = settings.scale_up_margin
         if same and t.replicas > planned:
             t = _confirmed(t, plans.get(t.job_id, ()), key, planned,
-                           settings.scale_up_confirm)
+                           _confirm(t, memory, now, settings))
         if same and t.replicas > planned and margin > 0:
             t = _beyond(t, margin, spare)
         elif same and t.replicas < planned and window > 0:
-            peak = max(r for when, k, r in plans[t.job_id] if k == key and now - when < window)
-            band = max(settings.scale_down_band, math.floor(margin * peak))
-            keep = planned if peak + band >= planned else max(t.replicas, peak + band)
-            last = max(memory.moves.get(t.job_id, ()), default=None)
-            if last is not None and now - last < settings.scale_down_gap_s:
-                keep = planned
-            wanted, keep = keep, (_yield(t, keep, spare) if settings.scale_down_yield
-                                  else keep)
-            if keep != t.replicas:
-                gap = (f"; its last move {now - last:.0f} s ago" if last is not None
-                       and now - last < settings.scale_down_gap_s else "")
-                if keep < wanted:
-                    gap += f"; {wanted - keep} given back for another job's growth"
-                t = replace(t, replicas=keep, reason=f"{t.reason}; scale-down held: "
-                            f"{t.replicas} planned, keeping {keep} (the most planned in "
-                            f"the last {window:.0f} s: {peak}"
-                            + (f", and a band of {band}" if band else "") + f"{gap})")
+            t = _held_down(t, planned, plans[t.job_id], key, memory, now, settings,
+                           spare, newcomers)
         out.append(t)
     return out, replace(memory, plans=plans)
+
+
+def _held_down(t: Target, planned: int, plans: Sequence[tuple[float, str, int]], key: str,
+               memory: ChurnMemory, now: float, settings: ChurnSettings,
+               spare: dict[str, int], newcomers: dict[str, int]) -> Target:
+    """A scale-down ``t`` of a job running ``planned`` replicas on placement ``key``, as
+    the holds allow: to the most planned within the window (``plans``, this one
+    included) plus the band or the headroom; not at all within the gap after a move,
+    while the rate rises, or where the plan serves less than the job's demand; less
+    what another job's growth (or a newcomer's) needs, with a yield."""
+    window = settings.scale_down_window_s
+    peak = max(r for when, k, r in plans if k == key and now - when < window)
+    band = max(settings.scale_down_band, math.floor(settings.scale_up_margin * peak))
+    floor = max(peak + band, math.ceil(peak * (1.0 + settings.scale_down_headroom) - 1e-9))
+    keep = planned if floor >= planned else max(t.replicas, floor)
+    last = max(memory.moves.get(t.job_id, ()), default=None)
+    recent = last is not None and now - last < settings.scale_down_gap_s
+    if recent:
+        keep = planned
+    rising = settings.scale_down_rising_hold and keep < planned and rate_rising(
+        memory.rates.get(t.job_id, ()), now, settings)
+    short = settings.scale_down_short_hold and keep < planned and t.served < SERVED_IN_FULL
+    if rising or short:
+        keep = planned
+    wanted = keep
+    if settings.scale_down_yield:
+        keep = _yield(t, keep, spare)
+    elif newcomers:
+        keep = _yield_new(t, keep, spare, newcomers)
+    if keep == t.replicas == wanted:
+        return t
+    why = f"; its last move {now - (last or 0.0):.0f} s ago" if recent else ""
+    if rising:
+        why += "; its rate is rising"
+    if short:
+        why += f"; the plan serves {t.served:.0%} of its demand"
+    if keep < wanted:
+        why += f"; {wanted - keep} given back for another job's growth"
+    return replace(t, replicas=keep, reason=f"{t.reason}; scale-down held: {t.replicas} "
+                   f"planned, keeping {keep} (the most planned in the last {window:.0f} s:"
+                   f" {peak}" + (f", and a band of {band}" if band else "") + f"{why})")
 
 
 def _yield(t: Target, keep: int, spare: dict[str, int]) -> int:
@@ -269,6 +320,47 @@ def _yield(t: Target, keep: int, spare: dict[str, int]) -> int:
     if back > 0:
         spare[t.offering] = spare.get(t.offering, 0) + back * per
     return keep - max(back, 0)
+
+
+def _confirm(t: Target, memory: ChurnMemory, now: float, settings: ChurnSettings) -> int:
+    """Plans in a row a scale-up ``t`` needs: ``scale_up_after_down_confirm`` within the
+    gap after the job's last scale-down, while it asks for no more than the job ran
+    before it (a rise beyond is not the noise the scale-down misread), else
+    ``scale_up_confirm``."""
+    confirm = settings.scale_up_confirm
+    down = memory.downs.get(t.job_id)
+    after = settings.scale_up_after_down_confirm
+    if after and settings.scale_down_window_s > 0 and down is not None \
+            and now - down[0] < max(settings.scale_down_gap_s, settings.scale_down_window_s) \
+            and t.replicas <= down[1]:
+        return max(confirm, after)
+    return confirm
+
+
+def _newcomers(targets: Sequence[Target], snapshot: ClusterSnapshot) -> dict[str, int]:
+    """GPUs per offering the plan gives jobs that hold none there or anywhere (a launch,
+    a job relaunching after a stock-out)."""
+    holding = {d.job_id for d in _live(snapshot) if d.gpus > 0}
+    need: dict[str, int] = {}
+    for t in targets:
+        if t.decision == "place" and t.config is not None and t.job_id not in holding:
+            need[t.offering] = need.get(t.offering, 0) + t.replicas * t.config.gpus_per_replica
+    return need
+
+
+def _yield_new(t: Target, keep: int, spare: dict[str, int], newcomers: dict[str, int]) -> int:
+    """``_yield`` for jobs holding no GPUs only: a held scale-down ``t`` gives back what
+    the plan's growth on its offering lacks beyond the free GPUs, but no more than the
+    newcomers there (``newcomers``, taken from) were planned."""
+    assert t.config is not None
+    per = t.config.gpus_per_replica
+    short = min(max(-spare.get(t.offering, 0), 0), newcomers.get(t.offering, 0))
+    back = min(keep - t.replicas, -(-short // per))
+    if back <= 0:
+        return keep
+    spare[t.offering] = spare.get(t.offering, 0) + back * per
+    newcomers[t.offering] = max(newcomers.get(t.offering, 0) - back * per, 0)
+    return keep - back
 
 
 def _confirmed(t: Target, plans: Sequence[tuple[float, str, int]], key: str, running: int,

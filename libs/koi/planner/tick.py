@@ -324,7 +324,8 @@ def explain_stage(plan: ComposePlan, ev: Evaluated, inputs: TickInputs
 
 
 def plan_targets(plan: ComposePlan) -> list[Target]:
-    return [Target(c.job_id, c.decision.value, c.reason, c.config, c.offering, c.replicas)
+    return [Target(c.job_id, c.decision.value, c.reason, c.config, c.offering, c.replicas,
+                   min(c.goodput_tok_s / c.demand_tok_s, 1.0) if c.demand_tok_s > 0 else 1.0)
             for c in plan.choices]
 
 
