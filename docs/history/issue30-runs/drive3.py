@@ -1,27 +1,35 @@
 """Dev driver: gen-medium 1-6 + hetero-3h s1 with the koi policy; runs.jsonl as bench suite
 writes it, plus a trace of every flap (the job's actions ±12 min around it, with reasons).
 usage: PYTHONPATH=SNAP/libs python drive.py OUTDIR [seeds...]"""
-import json, sys
+import json
+import sys
 from pathlib import Path
+
 from koi.bench.report import run_json
 from koi.bench.runner import run_once
 from koi.catalog import load_catalog
+from koi.churn import flaps, moves_of
+from koi.policies import koi as kp
 from koi.scenario import parse_scenario
 from koi.scenario.generate import generate_scenario
-from koi.churn import moves_of, flaps
-from koi.policies import koi as kp
 
-out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
+out = Path(sys.argv[1])
+out.mkdir(parents=True, exist_ok=True)
 which = sys.argv[2:] or ["1", "2", "3", "4", "5", "6", "h3"]
 cat = load_catalog()
 log = []
 decide = kp._KoiBase.decide
+
+
 def rec(self, snapshot, telemetry):
     d = decide(self, snapshot, telemetry)
     rates = {j.id: round(j.observed_rate_rps, 3) for j in snapshot.jobs if j.is_online}
     for a in d.actions:
-        log.append((snapshot.time_s, a.job_id, a.kind.value, a.replicas, a.reason[:400], rates.get(a.job_id)))
+        log.append((snapshot.time_s, a.job_id, a.kind.value, a.replicas, a.reason[:400],
+                    rates.get(a.job_id)))
     return d
+
+
 kp._KoiBase.decide = rec
 done = set()
 rp = out / "runs.jsonl"
@@ -30,9 +38,10 @@ if rp.exists():
 for w in which:
     log.clear()
     if w == "h3":
-        name = "hetero-3h"; scn = "hetero-3h"; seed = 1
+        name, scn, seed = "hetero-3h", "hetero-3h", 1
     else:
-        seed = int(w); name = f"gen-medium-{seed}"
+        seed = int(w)
+        name = f"gen-medium-{seed}"
         scn = parse_scenario(generate_scenario(seed, "medium", cat), source=name, catalog=cat)
     if name in done:
         continue
