@@ -210,28 +210,20 @@ def _cells(runs: list[dict], arrays: dict[str, np.ndarray], target: Path
                             cell * tables.MS))
     fields = ("heads", "kv_heads", "head_dim", "batch", "len")
     bf16 = 0   # the kv-dtype axis: bf16 first (extract_kernel_tables.KV_DTYPES)
-    for (h, kvh, hd, b, s), ts in sorted(_points(runs, "ctx_attn", fields, "s", target).items()):
-        at = [_index(arrays[f"ctx_{a}"], v) for a, v in
-              (("head_dim", hd), ("heads", h), ("kv_heads", kvh), ("batch", b), ("len", s))]
-        cell = float(arrays["ctx_attn"][(bf16, *at)]) if None not in at else math.nan
-        if not math.isfinite(cell):
-            off += 1
-            continue
-        t, spread = _median_spread(ts)
-        rows.append(CellRow("prefill attention bfloat16",
-                            f"heads {h}/{kvh} d={hd} batch {b} × {s}", s, len(ts), spread, t,
-                            cell * tables.MS))
-    for (h, kvh, hd, b, c), ts in sorted(_points(runs, "gen_attn", fields, "s",
-                                                  target).items()):
-        at = [_index(arrays[f"gen_{a}"], v) for a, v in
-              (("head_dim", hd), ("heads", h), ("kv_heads", kvh), ("batch", b), ("len", c))]
-        cell = float(arrays["gen_attn"][(bf16, *at)]) if None not in at else math.nan
-        if not math.isfinite(cell):
-            off += 1
-            continue
-        t, spread = _median_spread(ts)
-        rows.append(CellRow(DECODE_KIND, f"heads {h}/{kvh} d={hd} {b} × {c} cached", b,
-                            len(ts), spread, t, cell * tables.MS))
+    # (part, table prefix, kind, shape label, which of batch / length the bands group by)
+    attention = (("ctx_attn", "ctx", "prefill attention bfloat16", "batch {b} × {n}", 1),
+                 ("gen_attn", "gen", DECODE_KIND, "{b} × {n} cached", 0))
+    for part, prefix, kind, label, by_length in attention:
+        for (h, kvh, hd, b, n), ts in sorted(_points(runs, part, fields, "s", target).items()):
+            at = [_index(arrays[f"{prefix}_{a}"], v) for a, v in (
+                ("head_dim", hd), ("heads", h), ("kv_heads", kvh), ("batch", b), ("len", n))]
+            cell = float(arrays[part][(bf16, *at)]) if None not in at else math.nan
+            if not math.isfinite(cell):
+                off += 1
+                continue
+            t, spread = _median_spread(ts)
+            rows.append(CellRow(kind, f"heads {h}/{kvh} d={hd} " + label.format(b=b, n=n),
+                                n if by_length else b, len(ts), spread, t, cell * tables.MS))
     return rows, off
 
 
