@@ -123,9 +123,10 @@ def planned_rate(history: Sequence[tuple[float, float]], now: float,
         return None
     if settings.rate_window_s <= 0 or settings.rate_rise_s <= 0:
         return history[-1][1]
-    window = [r for t, r in history if now - t < settings.rate_window_s]
-    recent = [r for t, r in history if now - t < settings.rate_rise_s] or [history[-1][1]]
-    return max(sum(window) / len(window) if window else 0.0, sum(recent) / len(recent))
+    window = _mean_over(history, now, settings.rate_window_s)
+    recent = _mean_over(history, now, settings.rate_rise_s)
+    return max(window if window is not None else 0.0,
+               recent if recent is not None else history[-1][1])
 
 
 def rate_rising(history: Sequence[tuple[float, float]], now: float,
@@ -135,9 +136,16 @@ def rate_rising(history: Sequence[tuple[float, float]], now: float,
     rising, so a lower count now would be raised again within minutes."""
     if settings.rate_window_s <= 0 or settings.rate_rise_s <= 0:
         return False
-    window = [r for t, r in history if now - t < settings.rate_window_s]
-    recent = [r for t, r in history if now - t < settings.rate_rise_s]
-    return bool(window and recent) and sum(recent) / len(recent) > sum(window) / len(window)
+    window = _mean_over(history, now, settings.rate_window_s)
+    recent = _mean_over(history, now, settings.rate_rise_s)
+    return window is not None and recent is not None and recent > window
+
+
+def _mean_over(history: Sequence[tuple[float, float]], now: float, span_s: float
+               ) -> float | None:
+    """The mean observed rate of ``history`` over the last ``span_s``; None if none."""
+    rates = [r for t, r in history if now - t < span_s]
+    return sum(rates) / len(rates) if rates else None
 
 
 def planning_view(snapshot: ClusterSnapshot, memory: ChurnMemory,
