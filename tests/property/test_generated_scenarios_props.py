@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from koi.bench.runner import run_once
 from koi.catalog import load_catalog
-from koi.policies import REGISTRY, policy_names
+from koi.policies import policy_class, policy_names
 from koi.rlm.settings import endpoint_configured
 from koi.scenario import parse_scenario
 from koi.scenario.generate import first_ticks, generate_scenario
@@ -41,7 +41,7 @@ def _policies() -> list:
     """Every policy; those that ask a language model only with an endpoint configured."""
     skip = pytest.mark.skip(reason="needs KOI_RLM_BASE_URL and KOI_RLM_MODEL")
     return [pytest.param(p, marks=skip)
-            if REGISTRY[p].needs_model and not endpoint_configured() else p
+            if policy_class(p).needs_model and not endpoint_configured() else p
             for p in policy_names()]
 
 

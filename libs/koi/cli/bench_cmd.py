@@ -152,7 +152,7 @@ def report_command(
     policy's mean score, Koi against each (paired bootstrap) and the bar; per shipped
     scenario, the koi bench table. Runs nothing."""
     from koi.bench.results import load_run_files, render
-    from koi.policies import REGISTRY, policy_names
+    from koi.policies import policy_class, policy_names
     from koi.scenario import list_scenarios
 
     console = Console(stderr=True)
@@ -164,7 +164,7 @@ def report_command(
                                  "koi bench / koi bench suite")
     command = shlex.join(["koi", "bench", "report", *map(str, paths), "-o", str(out)])
     text = render(files, command=command, shipped=list_scenarios(),
-                  needs_model=[n for n in policy_names() if REGISTRY[n].needs_model],
+                  needs_model=[n for n in policy_names() if policy_class(n).needs_model],
                   date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
     if str(out) == "-":
         print(text, end="")
