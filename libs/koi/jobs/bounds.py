@@ -1,23 +1,20 @@
-"""Physical bounds on every field a job may be admitted with, and the checks that use them.
+"""Physical bounds on every field a job may be admitted with, and the id and text checks.
 
 A job that passes validation must be one a fleet could serve and the simulator can run:
 no bound here is a preference, each is the most any catalog fleet could do, with room to
 spare. The constants are read by the field metadata of the job dataclasses (so the YAML
 and protobuf paths, which both build those dataclasses, enforce them in one place) and by
 ``check_job``, the cross-field checks every job runs at construction. docs/JOBS.md
-("Bounds") lists them. Pure: no I/O, no catalog loading (tests tie the numbers to the
-catalog).
+("Bounds") lists them; the token checks that read them sit beside the length
+distributions they measure (``koi.jobs.lengths``). Pure: no I/O, no catalog loading
+(tests tie the numbers to the catalog).
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 from koi.errors import InvalidSpecError
-
-if TYPE_CHECKING:
-    from koi.jobs.lengths import LengthDist
 
 DAY_S = 86_400.0
 
@@ -94,31 +91,3 @@ def check_text(field: str, value: str) -> None:
                                       f" (got {len(value)})")
     if not value.isprintable():
         raise InvalidSpecError(field, "must not hold control characters")
-
-
-def reach(dist: LengthDist) -> int:
-    """The longest length ``dist`` can actually sample (an empirical list's largest value
-    may sit below its clip bound)."""
-    if dist.kind == "fixed":
-        return int(dist.mean)
-    if dist.kind == "empirical":
-        return min(max(dist.values), dist.max)
-    return dist.max
-
-
-def check_request_tokens(input_len: LengthDist, output_len: LengthDist) -> None:
-    """One request's prompt plus output must fit ``MAX_REQUEST_TOKENS``."""
-    most = reach(input_len) + reach(output_len)
-    if most > MAX_REQUEST_TOKENS:
-        raise InvalidSpecError("output_len", f"a request may reach {most} tokens (input +"
-                                             f" output); the most any model holds is"
-                                             f" {MAX_REQUEST_TOKENS}: lower max")
-
-
-def check_batch_tokens(num_requests: int, input_len: LengthDist,
-                       output_len: LengthDist) -> None:
-    """A batch job's total tokens must be processable by the largest fleet."""
-    total = num_requests * (input_len.mean_value() + output_len.mean_value())
-    if total > MAX_BATCH_TOKENS:
-        raise InvalidSpecError("num_requests", f"the batch holds {total:.3g} tokens; the most"
-                                               f" one job may hold is {MAX_BATCH_TOKENS:.0e}")

@@ -16,7 +16,7 @@ import numpy as np
 
 from koi.errors import InvalidSpecError
 from koi.jobs._fields import check_bounds, meta, spec_field
-from koi.jobs.bounds import MAX_EMPIRICAL_VALUES, MAX_REQUEST_TOKENS
+from koi.jobs.bounds import MAX_BATCH_TOKENS, MAX_EMPIRICAL_VALUES, MAX_REQUEST_TOKENS
 
 LENGTH_KINDS = ("fixed", "lognormal", "empirical")
 DEFAULT_MIN_TOKENS = 1
@@ -197,3 +197,31 @@ def _sigma_from_mean_p99(mean: float, p99: float) -> float:
         raise InvalidSpecError("p99", f"p99/mean = {p99 / mean:.2f} exceeds {limit:.2f}, the"
                                       " most any lognormal allows; give p50 and p99 instead")
     return Z99 - math.sqrt(disc)
+
+
+def reach(dist: LengthDist) -> int:
+    """The longest length ``dist`` can actually sample (an empirical list's largest value
+    may sit below its clip bound)."""
+    if dist.kind == "fixed":
+        return int(dist.mean)
+    if dist.kind == "empirical":
+        return min(max(dist.values), dist.max)
+    return dist.max
+
+
+def check_request_tokens(input_len: LengthDist, output_len: LengthDist) -> None:
+    """One request's prompt plus output must fit ``MAX_REQUEST_TOKENS``."""
+    most = reach(input_len) + reach(output_len)
+    if most > MAX_REQUEST_TOKENS:
+        raise InvalidSpecError("output_len", f"a request may reach {most} tokens (input +"
+                                             f" output); the most any model holds is"
+                                             f" {MAX_REQUEST_TOKENS}: lower max")
+
+
+def check_batch_tokens(num_requests: int, input_len: LengthDist,
+                       output_len: LengthDist) -> None:
+    """A batch job's total tokens must be processable by the largest fleet."""
+    total = num_requests * (input_len.mean_value() + output_len.mean_value())
+    if total > MAX_BATCH_TOKENS:
+        raise InvalidSpecError("num_requests", f"the batch holds {total:.3g} tokens; the most"
+                                               f" one job may hold is {MAX_BATCH_TOKENS:.0e}")

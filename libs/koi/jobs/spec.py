@@ -18,7 +18,7 @@ from koi.jobs import bounds as B
 from koi.jobs._fields import check_bounds, meta, spec_field
 from koi.jobs.arrival import Arrival
 from koi.jobs.bounds import check_id
-from koi.jobs.lengths import LengthDist
+from koi.jobs.lengths import LengthDist, check_batch_tokens, check_request_tokens
 
 JOB_KINDS = ("online", "batch")
 DEFAULT_PRIORITY = 5
@@ -67,7 +67,7 @@ class OnlineJob:
         check_id(self.id)
         check_bounds(self)
         B.check_text("client_region", self.client_region)
-        B.check_request_tokens(self.input_len, self.output_len)
+        check_request_tokens(self.input_len, self.output_len)
         if self.end_s is not None and self.end_s <= self.submit_s:
             raise InvalidSpecError("end_s", f"must be > submit_s={self.submit_s:g}"
                                             f" (got {self.end_s:g})")
@@ -113,8 +113,8 @@ class BatchJob:
     def __post_init__(self) -> None:
         check_id(self.id)
         check_bounds(self)
-        B.check_request_tokens(self.input_len, self.output_len)
-        B.check_batch_tokens(self.num_requests, self.input_len, self.output_len)
+        check_request_tokens(self.input_len, self.output_len)
+        check_batch_tokens(self.num_requests, self.input_len, self.output_len)
 
     @property
     def kind(self) -> str:
