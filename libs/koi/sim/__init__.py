@@ -14,7 +14,8 @@ from typing import Any
 
 from koi.sim.simulator import Simulator, run
 from koi.sim.telemetry import TPOT_BOUNDS_S, TTFT_BOUNDS_S
-from koi.sim.thinning import auto_sample_fraction, thinning_error
+from koi.sim.thinning import auto_sample_fraction
+from koi.sim.thinning_check import thinning_error
 from koi.sim.world import (
     WorldParams,
     default_world,

@@ -8,23 +8,41 @@ accounting, no ``koi.predictor`` imports.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from koi.action_checks import ActionRefused, placed_config
-from koi.catalog import Offering
+from koi.catalog import Catalog, Offering
 from koi.churn import placement_key
 from koi.cluster import Action, ActionKind, ActionOutcome
 from koi.space import DeploymentConfig
 
 if TYPE_CHECKING:
-    from koi.sim.fleet import Dep
-    from koi.sim.simulator import Simulator
+    from koi.sim.fleet import Dep, Fleet
+    from koi.sim.jobstate import JobState
+
+
+class SimulatorView(Protocol):
+    """What applying an action reads and changes of the simulator (``simulator.Simulator``
+    is the one implementation); named here so this module does not import it back."""
+
+    catalog: Catalog
+    fleet: Fleet
+    jobs: dict[str, JobState]
+    now: float
+
+    def emit(self, kind: str, job_id: str, detail: str = "", dep: str = "",
+             before: str = "", after: str = "") -> None: ...
+
+    def relaunched(self, dep: Dep) -> None: ...
+
+    def new_deployment(self, js: JobState, cfg: DeploymentConfig, off: Offering,
+                       replicas: int) -> Dep: ...
 
 
 Refused = ActionRefused   # an action that cannot be applied; the message is the reason
 
 
-def apply_action(sim: Simulator, a: Action) -> ActionOutcome:
+def apply_action(sim: SimulatorView, a: Action) -> ActionOutcome:
     try:
         handler = HANDLERS[a.kind]
         handler(sim, a)
@@ -33,7 +51,7 @@ def apply_action(sim: Simulator, a: Action) -> ActionOutcome:
     return ActionOutcome(a, True, "")
 
 
-def _job(sim: Simulator, a: Action):
+def _job(sim: SimulatorView, a: Action):
     js = sim.jobs.get(a.job_id)
     if js is None or js.spec.submit_s > sim.now:
         raise Refused(f"unknown job {a.job_id!r}" if js is None
@@ -41,7 +59,7 @@ def _job(sim: Simulator, a: Action):
     return js
 
 
-def _dep(sim: Simulator, a: Action) -> Dep:
+def _dep(sim: SimulatorView, a: Action) -> Dep:
     dep = sim.fleet.deps.get(a.deployment_id)
     if dep is None:
         raise Refused(f"unknown deployment {a.deployment_id!r}")
@@ -51,14 +69,14 @@ def _dep(sim: Simulator, a: Action) -> Dep:
     return dep
 
 
-def _config(sim: Simulator, a: Action, model: str) -> tuple[DeploymentConfig, Offering]:
+def _config(sim: SimulatorView, a: Action, model: str) -> tuple[DeploymentConfig, Offering]:
     cfg, off = placed_config(a, sim.catalog, model)
     if cfg.pd_disaggregation:
         raise Refused("pd_disaggregation is not simulated")
     return cfg, off
 
 
-def _need(sim: Simulator, offering: str, gpus: int) -> None:
+def _need(sim: SimulatorView, offering: str, gpus: int) -> None:
     free = sim.fleet.free(offering)
     if gpus > free:
         raise Refused(f"capacity: needs {gpus} GPUs on {offering}, {free} free")
@@ -71,7 +89,7 @@ def _replicas(a: Action, cfg: DeploymentConfig) -> int:
     return n
 
 
-def _launch(sim: Simulator, a: Action) -> None:
+def _launch(sim: SimulatorView, a: Action) -> None:
     js = _job(sim, a)
     if js.rejected:
         raise Refused(f"job {a.job_id!r} was rejected")
@@ -84,7 +102,7 @@ def _launch(sim: Simulator, a: Action) -> None:
              after=placement_key(cfg, off.id))
 
 
-def _scale(sim: Simulator, a: Action) -> None:
+def _scale(sim: SimulatorView, a: Action) -> None:
     dep = _dep(sim, a)
     if dep.draining:
         raise Refused(f"deployment {dep.id} is draining")
@@ -98,7 +116,7 @@ def _scale(sim: Simulator, a: Action) -> None:
              before=str(planned), after=str(a.replicas))
 
 
-def _swap(sim: Simulator, a: Action) -> None:
+def _swap(sim: SimulatorView, a: Action) -> None:
     old = _dep(sim, a)
     cfg, off = _config(sim, a, old.job.model)
     n = _replicas(a, cfg) if (a.replicas or cfg.replicas) else old.desired
@@ -111,7 +129,7 @@ def _swap(sim: Simulator, a: Action) -> None:
              before=placement_key(old.config, old.offering.id), after=placement_key(cfg, off.id))
 
 
-def _relaunch(sim: Simulator, a: Action) -> None:
+def _relaunch(sim: SimulatorView, a: Action) -> None:
     dep = _dep(sim, a)
     cfg, off = _config(sim, a, dep.job.model)
     if off.id != dep.offering.id:
@@ -129,19 +147,19 @@ def _relaunch(sim: Simulator, a: Action) -> None:
              before=before, after=placement_key(cfg, off.id))
 
 
-def _drain(sim: Simulator, a: Action) -> None:
+def _drain(sim: SimulatorView, a: Action) -> None:
     dep = _dep(sim, a)
     sim.fleet.drain(dep)
     sim.emit("drain", dep.job.id, a.reason, dep.id)
 
 
-def _stop(sim: Simulator, a: Action) -> None:
+def _stop(sim: SimulatorView, a: Action) -> None:
     dep = _dep(sim, a)
     sim.fleet.stop(dep, sim.now, "stopped")
     sim.emit("stop", dep.job.id, a.reason, dep.id)
 
 
-def _reject(sim: Simulator, a: Action) -> None:
+def _reject(sim: SimulatorView, a: Action) -> None:
     js = _job(sim, a)
     if js.admitted:
         raise Refused(f"job {a.job_id!r} is already admitted; STOP its deployments instead")
@@ -150,7 +168,7 @@ def _reject(sim: Simulator, a: Action) -> None:
         sim.emit("reject", js.spec.id, a.reason)
 
 
-def _defer(sim: Simulator, a: Action) -> None:
+def _defer(sim: SimulatorView, a: Action) -> None:
     _job(sim, a)
 
 
