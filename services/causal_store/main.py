@@ -26,7 +26,7 @@ from koi.planner.settings import KoiSettings, settings_for
 from koi.planner.tick import KoiState, learn_from
 from koi.rlm.adopt import with_priors
 from koi.wire import planning
-from services.runtime import plausible
+from services.runtime import plausible, ticks
 from services.runtime.app import ServiceContext, main
 from services.runtime.bus import Undecodable
 from services.runtime.hypotheses import HypothesisFeed
@@ -70,8 +70,8 @@ async def run(ctx: ServiceContext) -> None:
             raise Undecodable(f"observations: {exc}") from exc
         # checked before the state is read: a tick past the clock stored as "the last
         # tick learnt" would make every genuine tick after it look stale, for good
-        clock = await plausible.clock_tick(ctx.bus)
-        reason = plausible.check_tick(plausible.subject_tick(subject), tick, clock)
+        clock = await ticks.clock_tick(ctx.bus)
+        reason = plausible.check_tick(ticks.subject_tick(subject), tick, clock)
         if reason is not None:
             await plausible.refuse(ctx, subject, data, headers, reason, clock)
             return

@@ -43,8 +43,8 @@ from koi.wire import planning
 from services.engine_metrics import fetch
 from services.runtime.app import ServiceContext, main
 from services.runtime.bus import Undecodable
-from services.runtime.plausible import clock_tick, subject_tick
 from services.runtime.settings import redact_url
+from services.runtime.ticks import clock_tick, subject_tick
 
 NAME = "engine-metrics"
 DURABLE = "engine-metrics"

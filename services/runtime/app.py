@@ -32,6 +32,7 @@ from koi.wire.planning import make_event
 from services.runtime.bus import Bus, connect
 from services.runtime.logs import configure_logging
 from services.runtime.settings import ServiceSettings, redact_url
+from services.runtime.ticks import clock_tick
 
 
 @dataclass
@@ -81,8 +82,6 @@ RUNNING, STOPPED = b"running", b"stopped"
 async def _clock(ctx: ServiceContext) -> int:
     """The tick a service event belongs to: the latest snapshot's (0 before the first,
     or when the bus cannot say), so the event sorts with the ticks it interrupted."""
-    from services.runtime.plausible import clock_tick  # plausible imports this module
-
     try:
         tick = await asyncio.wait_for(clock_tick(ctx.bus), 5.0)
         return max(tick or 0, 0)

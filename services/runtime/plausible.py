@@ -16,8 +16,8 @@ things it cannot disagree with:
 
 A refused message is parked on ``koi.dlq.<service>`` (same headers as an undecodable
 one) with an ``implausible`` operator event, and acked: the service carries on. Only
-the check itself is pure; the clock lookup and the refusal are the bus plumbing around
-it. No decisions about what a message means here.
+the check itself is pure; the clock lookup (``ticks.clock_tick``) and the refusal are
+the bus plumbing around it. No decisions about what a message means here.
 """
 
 from __future__ import annotations
@@ -26,23 +26,12 @@ import hashlib
 from collections.abc import Mapping
 
 from nats.js import api
-from nats.js.errors import NotFoundError
 
 from koi import subjects
 from services.runtime.app import ServiceContext
-from services.runtime.bus import HEADER_ERROR, HEADER_ORIGINAL_SUBJECT, Bus
+from services.runtime.bus import HEADER_ERROR, HEADER_ORIGINAL_SUBJECT
 
 EVENT_KIND = "implausible"
-
-
-def subject_tick(subject: str) -> int | None:
-    """The tick a subject names, or None unless its tick token is a plain decimal
-    (``int`` would also take ``+3``, ``03`` or ``٣``: other subjects for the same tick)."""
-    try:
-        tick = subjects.tick_of(subject)
-    except ValueError:
-        return None
-    return tick if subject.split(".")[2] == str(tick) else None
 
 
 def check_tick(subject_tick: int | None, body_tick: int, clock_tick: int | None, *,
@@ -66,16 +55,6 @@ def check_tick(subject_tick: int | None, body_tick: int, clock_tick: int | None,
         clock = "no snapshot yet" if clock_tick is None else f"the clock is at {clock_tick}"
         return f"tick {body_tick} is ahead of the clock ({clock}; {ahead} tick(s) allowed)"
     return None
-
-
-async def clock_tick(bus: Bus) -> int | None:
-    """The tick of the latest snapshot on the tick stream (None: no snapshot yet)."""
-    try:
-        last = await bus.js.get_last_msg(subjects.STREAM_TICKS,
-                                         subjects.tick_filter("snapshot"))
-    except NotFoundError:
-        return None
-    return subject_tick(last.subject or "")
 
 
 def letter_id(service: str, subject: str, data: bytes,

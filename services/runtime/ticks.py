@@ -3,7 +3,8 @@
 Each stage publishes its output on ``koi.tick.<n>.<stage>``; a later stage (or a worker
 replica) reads the ones it needs with ``await ticks.snapshot(n)`` and so on, waiting up
 to the stage deadline for one not yet published. The small LRU keeps the last few
-ticks, so a tick's shards decode the snapshot and candidates once.
+ticks, so a tick's shards decode the snapshot and candidates once. ``subject_tick`` and
+``clock_tick`` say which tick a subject names and which tick the stream is at.
 """
 
 from __future__ import annotations
@@ -12,10 +13,32 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from nats.js.errors import NotFoundError
+
 from koi import subjects
 from koi.v1 import causal_pb2
 from koi.wire import codec, planning
 from services.runtime.bus import Bus
+
+
+def subject_tick(subject: str) -> int | None:
+    """The tick a subject names, or None unless its tick token is a plain decimal
+    (``int`` would also take ``+3``, ``03`` or ``٣``: other subjects for the same tick)."""
+    try:
+        tick = subjects.tick_of(subject)
+    except ValueError:
+        return None
+    return tick if subject.split(".")[2] == str(tick) else None
+
+
+async def clock_tick(bus: Bus) -> int | None:
+    """The tick of the latest snapshot on the tick stream (None: no snapshot yet)."""
+    try:
+        last = await bus.js.get_last_msg(subjects.STREAM_TICKS,
+                                         subjects.tick_filter("snapshot"))
+    except NotFoundError:
+        return None
+    return subject_tick(last.subject or "")
 
 
 class StageMissing(TimeoutError):

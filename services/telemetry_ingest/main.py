@@ -23,8 +23,8 @@ from koi.planner.tick import observe, steady_deployments
 from koi.wire import planning
 from services.runtime.app import ServiceContext, main
 from services.runtime.bus import Bus, Undecodable
-from services.runtime.plausible import check_tick, clock_tick, refuse, subject_tick
-from services.runtime.ticks import TickReader
+from services.runtime.plausible import check_tick, refuse
+from services.runtime.ticks import TickReader, clock_tick, subject_tick
 from services.telemetry_ingest.breaches import (
     BreachPolicy,
     JobWindow,

@@ -28,8 +28,9 @@ from koi.wire import planning
 from services.causal_store import main as causal_store
 from services.runtime.app import ServiceContext
 from services.runtime.bus import HEADER_ERROR, HEADER_ORIGINAL_SUBJECT, Bus, connect
-from services.runtime.plausible import check_tick, subject_tick
+from services.runtime.plausible import check_tick
 from services.runtime.settings import ServiceSettings
+from services.runtime.ticks import subject_tick
 from services.telemetry_ingest import main as telemetry_ingest
 
 pytestmark = pytest.mark.timeout(60)

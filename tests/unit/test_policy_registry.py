@@ -34,7 +34,7 @@ def test_every_named_policy_class_is_listed_under_its_name() -> None:
 
 
 def test_unknown_name_lists_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="known policies: .*fcfs-first-fit"):
+    with pytest.raises(ValueError, match=r"known policies: .*fcfs-first-fit"):
         make_policy("no-such-policy")
 
 

@@ -26,6 +26,7 @@ from koi.jobs import BatchJob, OnlineJob
 from koi.lifecycle import batch_tokens_left, job_finished
 from koi.planner.evaluate import Evaluated, JobLoad
 from koi.planner.place import in_place, reshardable
+from koi.planner.settings import Measured
 from koi.space import DeploymentConfig
 
 # a replica lost to a spot reclaim costs about this long before its successor serves
@@ -33,9 +34,7 @@ RECLAIM_LOSS_H = 0.15
 MAX_REPLICAS = 64
 VALUE_PER_TOK = 1e-4  # objective units ($) per served token at priority 5
 
-# (evaluated row, offering id) → (req/s, output tok/s) one replica was measured to serve
-# there (online: within the job's SLO; batch: saturated); pairs left out are not offered
-Measured = Mapping[tuple[int, str], tuple[float, float]]
+# measured per-replica rates replacing the predicted ones (the oracle's; settings.Measured)
 Measure = Callable[[Evaluated, ClusterSnapshot], Measured]
 
 

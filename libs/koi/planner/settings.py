@@ -9,6 +9,7 @@ checked at construction, ``dataclasses.replace`` included).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Annotated, Literal
 
@@ -16,10 +17,15 @@ from pydantic import ConfigDict, Field, InstanceOf, field_validator
 from pydantic.dataclasses import dataclass
 
 from koi.compose import ComposeWeights
-from koi.planner.candidates import Measure
 from koi.planner.churn_settings import ChurnSettings
 from koi.planner.propose import ProposerLimits
 from koi.predictor.calibration import Calibration, load_calibration
+
+# (evaluated row, offering id) → (req/s, output tok/s) one replica was measured to serve
+# there (online: within the job's SLO; batch: saturated); pairs left out are not offered.
+# ``candidates.Measure`` is the measuring function's full type (it takes the evaluated
+# rows and the snapshot); the settings, a leaf, only need to know it is callable.
+Measured = Mapping[tuple[int, str], tuple[float, float]]
 
 # the outcomes whose DRO radius the evaluator applies (``Robustness``'s three radii)
 ROBUST_OUTCOMES: tuple[str, ...] = ("ttft_p95", "tpot_p95", "throughput")
@@ -122,7 +128,7 @@ class KoiSettings:
         default=None,
         description="The predictor's efficiency table; None = the fitted one (oracle-fit "
                     "passes the world's).")
-    measure: Measure | None = Field(
+    measure: Callable[..., Measured] | None = Field(
         default=None,
         description="Per-replica rates measured in the world, replacing the predicted ones "
                     "in the composer's table (candidates.Measure): only the true oracle has "

@@ -41,9 +41,8 @@ import structlog
 from koi.catalog import Catalog, Offering, load_catalog
 from koi.cluster import ClusterSnapshot, DeploymentState
 from koi.jobs import JobSpec, OnlineJob
-from koi.planner.candidates import Measured
 from koi.planner.evaluate import Evaluated
-from koi.planner.settings import KoiSettings
+from koi.planner.settings import KoiSettings, Measured
 from koi.policies.base import register
 from koi.policies.koi import _KoiBase
 from koi.predictor.calibration import Calibration
