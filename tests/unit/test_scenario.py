@@ -4,7 +4,6 @@ path naming the file, the line and the field."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from koi.scenario import (
     parse_scenario,
     scenario_to_dict,
 )
+from koi.scenario.world import validate_world_overrides
 
 CATALOG = load_catalog()
 SHIPPED = ("hetero-3h", "hetero-12h", "homog-mixed-12h", "real-104", "trace-azure")
@@ -123,9 +123,8 @@ def test_trace_azure_replays_the_shared_traces() -> None:
 
 
 def test_world_validation_of_shipped_files() -> None:
-    world = pytest.importorskip("koi.sim.world")
     for name in SHIPPED:
-        assert world.validate_world_overrides(load_scenario(name).world) == []
+        assert validate_world_overrides(load_scenario(name).world) == []
 
 
 # --- round trips -----------------------------------------------------------------------
@@ -347,8 +346,7 @@ def test_parse_scenario_dict_errors_name_the_field() -> None:
 
 # --- world overrides -------------------------------------------------------------------
 
-def test_world_errors_come_from_the_simulator(tmp_path: Path) -> None:
-    pytest.importorskip("koi.sim.world")
+def test_world_errors_name_the_field(tmp_path: Path) -> None:
     for world, field in (("{noise_sigmaa: 0.1}", "world.noise_sigmaa"),
                          ("{engine_drift: {vllm: 99}}", "world.engine_drift.vllm")):
         text = BASE.replace("seed: 7", f"seed: 7\nworld: {world}")
@@ -356,11 +354,3 @@ def test_world_errors_come_from_the_simulator(tmp_path: Path) -> None:
         with pytest.raises(InvalidSpecError) as info:
             load_scenario(path)
         assert str(info.value).startswith(f"{path} line {_line_of(text, 'world:')}: {field}: ")
-
-
-def test_world_is_kept_when_no_simulator_is_installed(tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "koi.sim.world", None)  # import now fails
-    text = BASE.replace("seed: 7", "seed: 7\nworld: {anything: {goes: 1}}")
-    s = load_scenario(_write(tmp_path, text))
-    assert s.world == {"anything": {"goes": 1}}

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from koi.catalog import load_catalog
+from koi.scenario.world import WorldParams, validate_world_overrides
 from koi.sim.physics import step_coef, step_time
-from koi.sim.world import WorldParams, load_world, randomize, validate_world_overrides
+from koi.sim.world import load_world, randomize
 from koi.space import engine_default_config
 
 CAT = load_catalog()

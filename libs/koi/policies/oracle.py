@@ -50,9 +50,10 @@ from koi.predictor.fit import fit
 from koi.predictor.measurements import Case, load_cases
 from koi.predictor.types import LoadMode, Workload
 from koi.scenario.types import Scenario
+from koi.scenario.world import WorldParams
 from koi.shapes import PRECISIONS, smallest_fitting_config
 from koi.sim.truth import WorldTruth
-from koi.sim.world import WorldParams, load_world
+from koi.sim.world import load_world
 from koi.sim.world_check import Row, load_rows, simulate_row
 from koi.space import DeploymentConfig
 

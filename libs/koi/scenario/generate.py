@@ -35,6 +35,7 @@ from koi.catalog import Catalog, Market, Model, Offering, load_catalog
 from koi.jobs import Trace, load_trace, resolve_trace_path, solve_lognormal
 from koi.jobs.bounds import MAX_RATE_RPS, MAX_TIME_SCALE, MIN_TIME_SCALE, MIN_TPOT_MS
 from koi.scenario.durations import format_duration, parse_duration
+from koi.scenario.world import FIELDS, WorldParams
 
 TICK_S = 60
 # Share of bf16 peak that serving under SLOs turns into useful FLOPs. Chosen so that the
@@ -418,10 +419,6 @@ def _sig(x: float, digits: int = 3) -> float:
 def _draw_world(rng: np.random.Generator, cat: Catalog,
                 fleet: list[tuple[Offering, int]]) -> dict[str, Any]:
     """A few departures from the simulator's defaults, inside each field's own bounds."""
-    try:
-        from koi.sim.world import FIELDS, WorldParams  # the simulator is optional
-    except ImportError:
-        return {}
     base = WorldParams()
     world: dict[str, Any] = {}
     k = int(rng.integers(2, 6))

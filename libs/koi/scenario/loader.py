@@ -6,7 +6,7 @@ Every problem is an ``InvalidSpecError`` naming the file, the line and the dotte
 (``hetero-3h.yaml line 42: fleet[3].offering: unknown offering ...``), one line of
 bounded length whatever the file holds; jobs are parsed by
 ``koi.jobs`` in the same context, so their errors read the same way. World overrides are
-checked by the simulator (``koi.sim.world``) when it is installed. No simulation here.
+checked against the world's schema (``koi.scenario.world``). No simulation here.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from koi.scenario._ctx import ScenarioCtx, duration, integer, relined, show, tex
 from koi.scenario.durations import format_duration
 from koi.scenario.fleet import parse_capacity_events, parse_fleet
 from koi.scenario.types import Scenario
+from koi.scenario.world import validate_world_overrides
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "data"
 TOP_KEYS = ("name", "description", "horizon", "tick", "seed", "sample_fraction",
@@ -258,23 +259,12 @@ def _world(ctx: Ctx, data: Any) -> dict[str, Any]:
         if not isinstance(key, str):
             raise ctx.at("world").error(str(key), f"keys must be strings (got {show(key)})")
     world = copy.deepcopy(data)
-    problems = _validate_world(world)
+    problems = validate_world_overrides(world)
     if problems:
         path, reason = problems[0]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ctx.at("world").error(path, reason + more)
     return world
-
-
-def _validate_world(world: dict[str, Any]) -> list[tuple[str, str]]:
-    """The simulator's (dotted path, reason) problems; none when no simulator is installed."""
-    try:
-        from koi.sim.world import validate_world_overrides  # lazy: the simulator is optional
-    except ImportError as e:
-        if e.name in ("koi.sim", "koi.sim.world"):
-            return []
-        raise  # the simulator is there but broken: do not hide that
-    return list(validate_world_overrides(world))
 
 
 def _parse_jobs(ctx: Ctx, data: Any, horizon_s: float) -> tuple[JobSpec, ...]:

@@ -38,7 +38,7 @@ class Scenario:
     fleet: tuple[FleetEntry, ...]
     jobs: tuple[JobSpec, ...]
     capacity_events: tuple[CapacityEvent, ...] = ()
-    # overrides of the simulator's hidden world parameters (validated by koi.sim.world)
+    # overrides of the simulator's hidden world parameters (validated by koi.scenario.world)
     world: dict[str, Any] = field(default_factory=dict)
     randomize_world: bool = False   # draw world parameters around the defaults from the seed
     # share of online requests simulated (weighted), 0 < f ≤ 1; None = the simulator's

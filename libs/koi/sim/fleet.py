@@ -24,9 +24,9 @@ from koi.cluster import Deployment, DeploymentState
 from koi.jobs import BatchJob, JobSpec
 from koi.records import EventRecord
 from koi.scenario.types import CapacityEvent
+from koi.scenario.world import WorldParams
 from koi.sim.physics import StepCoef, startup_s, step_coef, weight_load_s
 from koi.sim.replica import INF, Replica, ReplicaSpec, Req
-from koi.sim.world import WorldParams
 from koi.space import DeploymentConfig, kv_capacity_tokens
 
 STREAM_REPLICA = 11

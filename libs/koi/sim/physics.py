@@ -17,7 +17,7 @@ import math
 from typing import NamedTuple
 
 from koi.catalog import Accelerator, Catalog, Interconnect, Model, Offering
-from koi.sim.world import WorldParams
+from koi.scenario.world import WorldParams
 from koi.space import (
     DeploymentConfig,
     kv_bytes_per_token_per_gpu,

@@ -47,10 +47,10 @@ import numpy as np
 
 from koi.catalog import Catalog
 from koi.jobs import JobSpec
+from koi.scenario.world import WorldParams
 from koi.sim.fleet import replica_spec
 from koi.sim.jobstate import batch_group
 from koi.sim.replica import Completion, Replica, ReplicaSpec, Req
-from koi.sim.world import WorldParams
 from koi.sim.world_check import span_s
 from koi.space import DeploymentConfig
 

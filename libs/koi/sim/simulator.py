@@ -34,13 +34,14 @@ from koi.cluster import (
 from koi.jobs import JobSpec, OnlineJob
 from koi.records import RunRecord, TickRecord
 from koi.scenario.types import Scenario
+from koi.scenario.world import WorldParams
 from koi.sim.actions import apply_action
 from koi.sim.fleet import Dep, Fleet, Slot
 from koi.sim.jobstate import QUEUE_TIMEOUT_S, JobState
 from koi.sim.replica import Req
 from koi.sim.telemetry import build_telemetry
 from koi.sim.thinning import auto_sample_fraction, member_offsets
-from koi.sim.world import WorldParams, load_world
+from koi.sim.world import load_world
 from koi.space import DeploymentConfig
 
 STREAM_JOB = 21

@@ -27,9 +27,9 @@ import numpy as np
 
 from koi.catalog import Catalog, Offering
 from koi.jobs import JobSpec, OnlineJob
+from koi.scenario.world import WorldParams
 from koi.sim.fleet import replica_spec
 from koi.sim.replica import Replica, Req
-from koi.sim.world import WorldParams
 from koi.sim.world_check import span_s
 from koi.space import DeploymentConfig
 

@@ -24,9 +24,10 @@ import numpy as np
 
 from koi.catalog import Catalog, load_catalog
 from koi.paths import shared_data_dir
+from koi.scenario.world import WorldParams
 from koi.sim.physics import step_coef
 from koi.sim.replica import Completion, Replica, ReplicaSpec, Req
-from koi.sim.world import WorldParams, load_world
+from koi.sim.world import load_world
 from koi.space import DeploymentConfig, engine_default_config, kv_capacity_tokens, validate
 
 METRICS = ("output_throughput_tok_s", "total_throughput_tok_s", "tpot_ms", "ttft_ms")

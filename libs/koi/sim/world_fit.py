@@ -15,7 +15,8 @@ from functools import partial
 from typing import Literal
 
 from koi.catalog import load_catalog
-from koi.sim.world import WorldParams, load_world
+from koi.scenario.world import WorldParams
+from koi.sim.world import load_world
 from koi.sim.world_check import Row, load_rows, simulate_row
 
 GRID = (0.3, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.97)
