@@ -37,8 +37,9 @@ from koi.scenario import load_scenario
 from koi.v1 import jobs_pb2
 from koi.wire.codec import encode_job
 from services.runtime.blobs import HEADER_BLOB, HEADER_BLOB_SIZE
-from services.runtime.bus import Bus, connect
+from services.runtime.bus import Bus
 from services.runtime.busrun import BusRun
+from services.runtime.connection import connect
 from services.runtime.embedded import start_nats, start_valkey
 from services.runtime.launcher import Supervisor
 from services.runtime.logs import configure_logging

@@ -26,7 +26,7 @@ from rich.text import Text
 from koi import subjects
 from koi.v1 import bus_pb2, events_pb2, work_pb2
 from koi.wire.planning import event_line
-from services.runtime.bus import delete_koi_state
+from services.runtime.connection import delete_koi_state
 from services.runtime.embedded import start_nats, start_valkey
 from services.runtime.launcher import Supervisor, services_for
 from services.runtime.permissions import ADMIN

@@ -137,3 +137,22 @@ def event_subject(severity: str, kind: str) -> str:
 
 def dlq_subject(service: str) -> str:
     return f"{DLQ_PREFIX}.{token(service)}"
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: ``*`` one token, ``>`` one or more trailing tokens."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(want):
+        if tok == ">":
+            return len(have) > i
+        if i >= len(have) or (tok != "*" and tok != have[i]):
+            return False
+    return len(want) == len(have)
+
+
+def stream_of(subject: str) -> str:
+    """The Koi stream that stores ``subject``; ``KeyError`` when none does."""
+    for stream, patterns in STREAMS.items():
+        if any(subject_matches(p, subject) for p in patterns):
+            return stream
+    raise KeyError(f"no Koi stream stores subject {subject!r}")

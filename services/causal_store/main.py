@@ -28,7 +28,7 @@ from koi.rlm.adopt import with_priors
 from koi.wire import planning
 from services.runtime import plausible, ticks
 from services.runtime.app import ServiceContext, main
-from services.runtime.bus import Undecodable
+from services.runtime.consumer import Undecodable
 from services.runtime.hypotheses import HypothesisFeed
 
 NAME = "causal-store"

@@ -42,7 +42,7 @@ from koi.safe_text import printable
 from koi.wire import planning
 from services.engine_metrics import fetch
 from services.runtime.app import ServiceContext, main
-from services.runtime.bus import Undecodable
+from services.runtime.consumer import Undecodable
 from services.runtime.settings import redact_url
 from services.runtime.ticks import clock_tick, subject_tick
 

@@ -28,8 +28,8 @@ from koi.v1 import work_pb2
 from koi.wire import planning
 from services.evaluator.kernel import CachedKernel
 from services.runtime.app import ServiceContext, main
-from services.runtime.bus import Undecodable
 from services.runtime.cache import PredictionCache
+from services.runtime.consumer import Undecodable
 from services.runtime.ticks import TickReader
 from services.runtime.work import serve_work, share
 

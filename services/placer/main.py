@@ -35,7 +35,8 @@ from koi.v1 import events_pb2, plan_pb2
 from koi.wire import codec, planning
 from services.placer.admission import Admission
 from services.runtime.app import ServiceContext, main
-from services.runtime.bus import Lease, Undecodable
+from services.runtime.consumer import Undecodable
+from services.runtime.lease import Lease
 from services.runtime.ticks import TickReader
 
 NAME = "placer"

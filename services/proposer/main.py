@@ -26,7 +26,7 @@ from koi.v1 import work_pb2
 from koi.wire import planning
 from services.proposer.rlm import RoundRunner, load_settings
 from services.runtime.app import ServiceContext, main
-from services.runtime.bus import Undecodable
+from services.runtime.consumer import Undecodable
 from services.runtime.hypotheses import HypothesisFeed
 from services.runtime.ticks import TickReader
 from services.runtime.work import chunks, serve_work, share

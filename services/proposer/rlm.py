@@ -2,7 +2,7 @@
 
 With a model endpoint configured (``KOI_RLM_MODEL`` and ``KOI_RLM_BASE_URL``,
 ``RlmSettings.endpoint_configured``), every proposer replica competes for one lease
-(key ``proposer-rlm`` in ``koi_leases``, ``services.runtime.bus.Lease``, TTL
+(key ``proposer-rlm`` in ``koi_leases``, ``services.runtime.lease.Lease``, TTL
 ``KOI_LEASE_TTL_S``): the holder renews it every third of the TTL and is the only
 replica that runs rounds; one that loses it starts none and publishes nothing of a round
 it had running; a standby takes over within about a TTL of the holder's last renewal.
@@ -53,7 +53,7 @@ from koi.v1 import causal_pb2, plan_pb2
 from koi.wire import codec, planning
 from koi.wire.hypotheses import encode_hypotheses
 from services.runtime.app import ServiceContext
-from services.runtime.bus import Lease
+from services.runtime.lease import Lease
 from services.runtime.ticks import TickReader
 
 

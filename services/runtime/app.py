@@ -29,7 +29,8 @@ import structlog
 from koi import subjects
 from koi.catalog import Catalog, load_catalog
 from koi.wire.planning import make_event
-from services.runtime.bus import Bus, connect
+from services.runtime.bus import Bus
+from services.runtime.connection import connect
 from services.runtime.logs import configure_logging
 from services.runtime.settings import ServiceSettings, redact_url
 from services.runtime.ticks import clock_tick

@@ -1,14 +1,19 @@
-"""The NATS/JetStream plumbing every Koi service uses, and nothing else (DESIGN §2).
+"""The ``Bus``: one connected NATS client with Koi's streams, KV buckets and conventions
+(DESIGN §2). Every service has one; the pieces around it each have their own file:
 
-One ``Bus`` per process: streams and KV buckets (idempotent set-up, safe when services
-race), de-duplicated JetStream publishes (``Nats-Msg-Id``), last-value reads, durable
-at-least-once consumers that ack only after the handler returns and send undecodable
-messages to ``koi.dlq.<service>`` with an operator event, core request/reply in queue
-groups, KV helpers with revision checks, and a KV lease for the single placer leader.
-Every payload larger than the connected server accepts travels as a reference to an
-object store blob (``services/runtime/blobs.py``), and every reading path here resolves
-references, so callers never see the server's ``max_payload``; a payload that cannot be
-carried raises ``PayloadRefused`` after an ``EVENT_KIND_BUS_ERROR`` operator event.
+* ``connection.py`` — ``connect`` (reconnecting forever, credentials and TLS) and
+  ``delete_koi_state``;
+* ``bus.py`` (here) — streams and KV buckets (idempotent set-up, safe when services
+  race), de-duplicated JetStream publishes (``Nats-Msg-Id``), last-value reads, dead
+  letters on ``koi.dlq.<service>`` with an operator event, core request/reply in queue
+  groups, KV helpers with revision checks;
+* ``consumer.py`` — durable at-least-once consumers that ack only after the handler
+  returns, and ``Undecodable``;
+* ``lease.py`` — the KV lease that elects a single leader (placer, RLM rounds);
+* ``blobs.py`` — the object store: every payload larger than the connected server
+  accepts travels as a reference to a blob, and every reading path here resolves
+  references, so callers never see the server's ``max_payload``; a payload that cannot
+  be carried raises ``PayloadRefused`` after an ``EVENT_KIND_BUS_ERROR`` operator event.
 
 No decisions and no protobuf ⇄ domain conversion here: handlers get bytes (or what the
 caller's ``decode`` returns); the only message type this module builds is the
@@ -20,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -33,7 +37,6 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import (
-    APIError,
     BadRequestError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
@@ -54,8 +57,7 @@ from services.runtime.blobs import (
     kv_blob_of,
     kv_reference,
 )
-from services.runtime.security import connect_options, servers
-from services.runtime.settings import NatsAuth, redact_url
+from services.runtime.consumer import Consumer, Handler, Subscription, Undecodable, tick_or_zero
 
 log = structlog.get_logger(__name__)
 
@@ -66,44 +68,16 @@ STREAM_MAX_AGE_S = 24 * 3600.0       # limits retention: a day of ticks, events,
 DUPLICATE_WINDOW_S = 120.0           # Nats-Msg-Id de-duplication horizon
 HEADER_ORIGINAL_SUBJECT = "Koi-Original-Subject"
 HEADER_ERROR = "Koi-Error"
-_REFUSED_RETRY_MAX_S = 30.0          # back-off cap for a handler whose output is refused
-_FETCH_WAIT_S = 1.0                  # a pull request's lifetime; also stop()'s latency
 _ERR_STREAM_NAME_IN_USE = 10058      # "stream name already in use with a different config"
 _ERR_STREAM_STORE_FAILED = 10049     # "error creating store for stream": see _create_store
 _STORE_ATTEMPTS = 6                  # 0.05 + 0.1 + … + 0.8 s of waiting, 1.55 s at most
 
-# (subject, payload or decoded payload, headers) → None
-Handler = Callable[[str, Any, Mapping[str, str] | None], Awaitable[None]]
 # (subject, payload, headers) → reply payload (None: an empty reply)
 Responder = Callable[[str, bytes, Mapping[str, str] | None], Awaitable[bytes | None]]
 
 
-class Undecodable(Exception):
-    """Raised by a handler (or its ``decode``) when a payload cannot be decoded: the
-    message goes to the service's dead-letter subject instead of being retried."""
-
-
 class RemoteError(Exception):
     """A request/reply responder failed; its error text travels in ``Koi-Error``."""
-
-
-def subject_matches(pattern: str, subject: str) -> bool:
-    """NATS wildcard matching: ``*`` one token, ``>`` one or more trailing tokens."""
-    want, have = pattern.split("."), subject.split(".")
-    for i, tok in enumerate(want):
-        if tok == ">":
-            return len(have) > i
-        if i >= len(have) or (tok != "*" and tok != have[i]):
-            return False
-    return len(want) == len(have)
-
-
-def stream_of(subject: str) -> str:
-    """The Koi stream that stores ``subject``; ``KeyError`` when none does."""
-    for stream, patterns in subjects.STREAMS.items():
-        if any(subject_matches(p, subject) for p in patterns):
-            return stream
-    raise KeyError(f"no Koi stream stores subject {subject!r}")
 
 
 def _header_safe(text: str, limit: int = 500) -> str:
@@ -113,85 +87,6 @@ def _header_safe(text: str, limit: int = 500) -> str:
 def _enum_token(enum: Any, value: int, prefix: str) -> str:
     name: str = enum.Name(value)
     return name.removeprefix(prefix).lower()
-
-
-def _server(nc: Client) -> str:
-    # host and port only: a URL's user:password@ must never reach a log line
-    url = nc.connected_url
-    if url is None:
-        return ""
-    host = f"[{url.hostname}]" if url.hostname and ":" in url.hostname else url.hostname
-    return f"{url.scheme}://{host}:{url.port}"
-
-
-async def delete_koi_state(js: JetStreamContext) -> None:
-    """Delete every Koi stream and KV bucket (what is absent is skipped): a fresh start on
-    a NATS that held an earlier run. ``Bus.ensure_streams``/``ensure_kv`` recreate them."""
-    for name in subjects.STREAMS:
-        with contextlib.suppress(NotFoundError):
-            await js.delete_stream(name)
-    for bucket in subjects.KV_BUCKETS:
-        with contextlib.suppress(NotFoundError):  # BucketNotFoundError is one
-            await js.delete_key_value(bucket)
-    for bucket in (subjects.OBJ_BLOBS, subjects.OBJ_KV_BLOBS):
-        with contextlib.suppress(NotFoundError):
-            await js.delete_object_store(bucket)
-
-
-async def connect(url: str, name: str, *, wait_s: float | None = 30.0,
-                  auth: NatsAuth | None = None) -> Bus:
-    """Connect to NATS (``url`` may list several servers, comma-separated) and keep
-    reconnecting forever after that; raise ``ConnectionError`` if the first connection
-    does not succeed within ``wait_s`` (None: wait as long as it takes). ``auth`` is who
-    to be and which CA to trust (default: ``KOI_NATS_USER``/``…PASSWORD(_FILE)``/``…CA``);
-    a refused login or certificate fails at once, it is not retried."""
-    nc = Client()
-    options = connect_options(auth, url)
-    made: list[Bus] = []                 # the Bus, once there is one
-    down_since: list[float] = []         # when the connection was lost (empty: it is up)
-
-    async def on_error(err: Exception) -> None:
-        log.warning("nats_error", connection=name, error=str(err) or type(err).__name__)
-
-    async def on_disconnected() -> None:
-        if not (nc.is_closed or nc.is_draining):  # not worth a warning when we close it
-            log.warning("nats_disconnected", connection=name)
-            down_since[:] = down_since or [time.monotonic()]
-
-    async def on_reconnected() -> None:
-        seconds = time.monotonic() - down_since.pop() if down_since else 0.0
-        log.info("nats_reconnected", connection=name, server=_server(nc),
-                 down_s=round(seconds, 1))
-        hook = made[0].on_reconnected if made else None
-        if hook is not None:  # not awaited here: nats-py waits for its callbacks
-            _background(hook(seconds))
-
-    async def on_closed() -> None:
-        log.info("nats_closed", connection=name)
-
-    try:
-        await asyncio.wait_for(nc.connect(
-            servers=servers(url), name=name, allow_reconnect=True, max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,  # type: ignore[arg-type]  # typed int, used as seconds
-            connect_timeout=2, error_cb=on_error, disconnected_cb=on_disconnected,
-            reconnected_cb=on_reconnected, closed_cb=on_closed, **options), wait_s)
-    except TimeoutError:
-        with contextlib.suppress(Exception):
-            await nc.close()
-        raise ConnectionError(f"could not connect to NATS at {redact_url(url)} within "
-                              f"{wait_s} s") from None
-    log.info("nats_connected", connection=name, server=_server(nc))
-    made.append(Bus(nc, name))
-    return made[0]
-
-
-_BACKGROUND: set[asyncio.Task[Any]] = set()  # strong references until each is done
-
-
-def _background(coro: Awaitable[Any]) -> None:
-    task = asyncio.ensure_future(coro)
-    _BACKGROUND.add(task)
-    task.add_done_callback(_BACKGROUND.discard)
 
 
 async def _create_store(create: Callable[[], Awaitable[Any]]) -> Any:
@@ -309,7 +204,7 @@ class Bus:
                   cause=refused.cause)
         with contextlib.suppress(Exception):  # an event lost must not hide the refusal
             await self.emit(events_pb2.OperatorEvent(
-                tick=_tick_or_zero(subject), severity=events_pb2.SEVERITY_ERROR,
+                tick=tick_or_zero(subject), severity=events_pb2.SEVERITY_ERROR,
                 kind=events_pb2.EVENT_KIND_BUS_ERROR, message=str(refused),
                 attributes={"subject": subject, "bytes": str(size),
                             "limit": str(refused.limit), "cause": refused.cause},
@@ -327,7 +222,7 @@ class Bus:
     async def get_last(self, subject: str) -> bytes | None:
         """The last message stored on exactly ``subject``, or None if there is none."""
         try:
-            raw = await self.js.get_last_msg(stream_of(subject), subject)
+            raw = await self.js.get_last_msg(subjects.stream_of(subject), subject)
         except NotFoundError:
             return None
         return await self.resolve(raw)
@@ -335,7 +230,7 @@ class Bus:
     async def has(self, subject: str) -> bool:
         """Whether a message is stored on exactly ``subject`` (a blob is not fetched)."""
         try:
-            await self.js.get_last_msg(stream_of(subject), subject)
+            await self.js.get_last_msg(subjects.stream_of(subject), subject)
         except NotFoundError:
             return False
         return True
@@ -431,7 +326,7 @@ class Bus:
 
         async def on_msg(msg: Msg) -> None:
             try:
-                reply = await handler(msg.subject, await self._resolve_or_undecodable(msg),
+                reply = await handler(msg.subject, await self.resolve_or_undecodable(msg),
                                       msg.headers)
             except Undecodable as err:
                 await self.dead_letter(self.name, msg.subject, msg.data, str(err),
@@ -448,7 +343,7 @@ class Bus:
         self._subscriptions.append(sub)
         return sub
 
-    async def _resolve_or_undecodable(self, msg: Msg) -> bytes:
+    async def resolve_or_undecodable(self, msg: Msg) -> bytes:
         """``resolve``, with a reference whose blob is gone as ``Undecodable``: it will
         never resolve, so retrying it would only hold the consumer."""
         try:
@@ -576,216 +471,3 @@ class Bus:
                 await self.nc.close()
 
 
-class Subscription:
-    """A core NATS subscription with the same ``stop()`` as a ``Consumer``."""
-
-    def __init__(self, sub: Any) -> None:
-        self._sub = sub
-
-    async def stop(self) -> None:
-        with contextlib.suppress(nats.errors.Error):
-            await self._sub.unsubscribe()
-
-
-class Consumer:
-    """The background loop of one durable pull consumer (see ``Bus.consume``)."""
-
-    def __init__(self, bus: Bus, sub: JetStreamContext.PullSubscription, *, durable: str,
-                 service: str, handler: Handler, decode: Callable[[bytes], Any] | None,
-                 ack_wait_s: float, nak_delay_s: float) -> None:
-        self._bus = bus
-        self._sub = sub
-        self.durable = durable
-        self.service = service
-        self._handler = handler
-        self._decode = decode
-        self._ack_wait_s = ack_wait_s
-        self._nak_delay_s = nak_delay_s
-        self._stopping = asyncio.Event()
-        self.processed = 0
-        self.failed = 0
-        self.dead_lettered = 0
-        self._task = asyncio.create_task(self._run(), name=f"consume:{durable}")
-
-    async def stop(self, timeout_s: float = 10.0) -> None:
-        """Finish the message in hand (within ``timeout_s``), then stop fetching."""
-        self._stopping.set()
-        try:
-            # not cancelled while idle: a pull request cut short could still be answered,
-            # leaving a message unacked (and, with max_ack_pending=1, the consumer stuck)
-            await asyncio.wait_for(asyncio.shield(self._task), timeout_s + _FETCH_WAIT_S)
-        except TimeoutError:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        with contextlib.suppress(nats.errors.Error, ValueError):
-            await self._sub.unsubscribe()
-
-    async def _run(self) -> None:
-        while not self._stopping.is_set() and not self._bus.nc.is_closed:
-            try:
-                msgs = await self._sub.fetch(1, timeout=_FETCH_WAIT_S)
-            except TimeoutError:  # nats' TimeoutError and FetchTimeoutError too
-                continue
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:  # disconnected, stream gone, ...: keep trying
-                log.warning("fetch_failed", durable=self.durable, error=str(err) or repr(err))
-                await asyncio.sleep(0.5)
-                continue
-            for msg in msgs:
-                if self._stopping.is_set():
-                    await _settle(msg.nak())  # fetched while stopping: hand it back now
-                else:
-                    await self._process(msg)
-
-    async def _process(self, msg: Msg) -> None:
-        meta = msg.metadata
-        msg_id = (msg.headers or {}).get(api.Header.MSG_ID)
-        tick = _tick_or_zero(msg.subject)
-        bound = log.bind(service=self.service, durable=self.durable, subject=msg.subject,
-                         seq=meta.sequence.stream, delivered=meta.num_delivered, msg_id=msg_id)
-        keepalive = asyncio.create_task(self._keep_alive(msg))
-        try:
-            data = payload = await self._bus._resolve_or_undecodable(msg)
-            if self._decode is not None:
-                try:
-                    payload = self._decode(data)
-                except Exception as err:
-                    raise Undecodable(f"{type(err).__name__}: {err}") from err
-            # the handler's own log lines carry the tick and message id too
-            with structlog.contextvars.bound_contextvars(tick=tick, msg_id=msg_id):
-                await self._handler(msg.subject, payload, msg.headers)
-        except Undecodable as err:
-            keepalive.cancel()
-            await self._dead_letter(msg, msg_id, str(err), bound)
-        except asyncio.CancelledError:
-            keepalive.cancel()
-            await _settle(msg.nak())
-            raise
-        except Exception as err:
-            keepalive.cancel()
-            self.failed += 1
-            bound.exception("handler_failed")
-            delay = self._nak_delay_s
-            if isinstance(err, PayloadRefused):  # announced; retry as the cause may pass
-                delay = min(_REFUSED_RETRY_MAX_S, delay * 2 ** min(meta.num_delivered, 8))
-            await _settle(msg.nak(delay=delay))
-        else:
-            keepalive.cancel()
-            self.processed += 1
-            await _settle(msg.ack())
-
-    async def _dead_letter(self, msg: Msg, msg_id: str | None, error: str, bound: Any) -> None:
-        letter_id = f"dlq.{self.service}.{msg_id or _stream_seq(msg)}"
-        try:
-            await self._bus.dead_letter(self.service, msg.subject, msg.data, error,
-                                        msg_id=letter_id, tick=_tick_or_zero(msg.subject),
-                                        headers=msg.headers)
-        except Exception:
-            # could not park it: leave it to redelivery rather than lose it
-            bound.exception("dead_letter_failed")
-            await _settle(msg.nak(delay=self._nak_delay_s))
-            return
-        self.dead_lettered += 1
-        await _settle(msg.term())
-
-    async def _keep_alive(self, msg: Msg) -> None:
-        """Tell the server a long handler is still working, so it does not redeliver."""
-        with contextlib.suppress(asyncio.CancelledError, nats.errors.Error):
-            while True:
-                await asyncio.sleep(max(0.5, self._ack_wait_s / 3))
-                await msg.in_progress()
-
-
-def _stream_seq(msg: Msg) -> str:
-    return f"{msg.metadata.stream}.{msg.metadata.sequence.stream}"
-
-
-def _tick_or_zero(subject: str) -> int:
-    try:
-        return subjects.tick_of(subject)
-    except ValueError:
-        return 0
-
-
-async def _settle(ack: Awaitable[None]) -> None:
-    """Send an ack/nak/term; if the connection is gone the server redelivers anyway."""
-    try:
-        await ack
-    except (nats.errors.Error, APIError) as err:
-        log.warning("ack_failed", error=str(err))
-
-
-class Lease:
-    """Leader election on the ``koi_leases`` bucket: one holder at a time per key.
-
-    The value is JSON ``{"holder", "expires_at"}`` (wall-clock seconds). ``acquire()``
-    creates the key if absent, or takes it over with a revision-checked update when it
-    has expired or is already ours, so two candidates cannot both win. The leader calls
-    ``renew()`` well within ``ttl_s``; a standby calling ``acquire()`` in a loop takes
-    over within about ``ttl_s`` after renewals stop. Clocks are assumed in step to well
-    under ``ttl_s`` (NTP).
-    """
-
-    def __init__(self, bus: Bus, key: str, holder: str, ttl_s: float,
-                 bucket: str = subjects.KV_LEASES) -> None:
-        if ttl_s <= 0:
-            raise ValueError(f"ttl_s must be > 0 (got {ttl_s})")
-        self._bus = bus
-        self.key = key
-        self.holder = holder
-        self.ttl_s = ttl_s
-        self.bucket = bucket
-        self._expires_at = 0.0  # our own lease's expiry (wall clock), 0 when not leading
-
-    @property
-    def is_leader(self) -> bool:
-        """True while we hold an unexpired lease (false once renewals have lapsed)."""
-        return time.time() < self._expires_at
-
-    async def acquire(self) -> bool:
-        """Become (or stay) the leader if the lease is free, expired or ours."""
-        now = time.time()
-        value = json.dumps({"holder": self.holder, "expires_at": now + self.ttl_s}).encode()
-        try:
-            current = await self._bus.kv_get(self.bucket, self.key)
-            if current is None:
-                revision = await self._bus.kv_create(self.bucket, self.key, value)
-            else:
-                holder, expires_at = _parse_lease(current[0])
-                if holder != self.holder and expires_at > now:
-                    self._expires_at = 0.0
-                    return False
-                revision = await self._bus.kv_update(self.bucket, self.key, value, current[1])
-        except (TimeoutError, nats.errors.Error) as err:
-            log.warning("lease_unreachable", key=self.key, holder=self.holder, error=str(err))
-            return self.is_leader
-        was_leader = self.is_leader
-        self._expires_at = now + self.ttl_s if revision is not None else 0.0
-        if self.is_leader and not was_leader:
-            log.info("lease_acquired", key=self.key, holder=self.holder, ttl_s=self.ttl_s)
-        return self.is_leader
-
-    async def renew(self) -> bool:
-        return await self.acquire()
-
-    async def release(self) -> None:
-        """Give the lease up now (expired in place), so a standby need not wait."""
-        if not self.is_leader:
-            return
-        self._expires_at = 0.0
-        with contextlib.suppress(nats.errors.Error, TimeoutError):
-            current = await self._bus.kv_get(self.bucket, self.key)
-            if current is not None and _parse_lease(current[0])[0] == self.holder:
-                value = json.dumps({"holder": self.holder, "expires_at": 0.0}).encode()
-                await self._bus.kv_update(self.bucket, self.key, value, current[1])
-        log.info("lease_released", key=self.key, holder=self.holder)
-
-
-def _parse_lease(raw: bytes) -> tuple[str, float]:
-    try:
-        doc = json.loads(raw)
-        return str(doc["holder"]), float(doc["expires_at"])
-    except (ValueError, KeyError, TypeError):
-        return "", 0.0  # garbage in the lease: treat it as expired

@@ -22,7 +22,8 @@ from koi.planner.settings import settings_for
 from koi.planner.tick import observe, steady_deployments
 from koi.wire import planning
 from services.runtime.app import ServiceContext, main
-from services.runtime.bus import Bus, Undecodable
+from services.runtime.bus import Bus
+from services.runtime.consumer import Undecodable
 from services.runtime.plausible import check_tick, refuse
 from services.runtime.ticks import TickReader, clock_tick, subject_tick
 from services.telemetry_ingest.breaches import (

@@ -20,7 +20,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 import pytest_asyncio
 
-from services.runtime.bus import Bus, connect, delete_koi_state
+from services.runtime.bus import Bus
+from services.runtime.connection import connect, delete_koi_state
 from services.runtime.embedded import EmbeddedServer, start_nats, start_valkey
 from services.runtime.permissions import ADMIN
 from services.runtime.security import connect_nats

@@ -31,7 +31,8 @@ from koi.wire.jobs import job_to_proto
 from services import cli
 from services.placer import main as placer
 from services.runtime.app import ServiceContext
-from services.runtime.bus import Bus, connect
+from services.runtime.bus import Bus
+from services.runtime.connection import connect
 from services.runtime.settings import ServiceSettings
 
 pytestmark = pytest.mark.timeout(90)

@@ -25,9 +25,11 @@ from nats.js import api
 from koi import subjects
 from koi.v1 import events_pb2, jobs_pb2
 from services import cli
-from services.runtime.bus import Bus, Lease, connect
+from services.runtime.bus import Bus
 from services.runtime.busrun import BusRun
+from services.runtime.connection import connect
 from services.runtime.embedded import EmbeddedServer, start_nats
+from services.runtime.lease import Lease
 from services.runtime.permissions import ADMIN, CLIENT
 from services.runtime.security import connect_nats
 from services.runtime.settings import SERVICES, NatsAuth

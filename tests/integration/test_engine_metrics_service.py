@@ -30,7 +30,8 @@ from koi.v1 import events_pb2
 from koi.wire import planning
 from services.engine_metrics import main as engine_metrics
 from services.runtime.app import ServiceContext
-from services.runtime.bus import Bus, connect
+from services.runtime.bus import Bus
+from services.runtime.connection import connect
 from services.runtime.settings import ServiceSettings
 from services.sim.metrics_http import PageServer
 

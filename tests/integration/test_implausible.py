@@ -27,7 +27,8 @@ from koi.v1 import events_pb2
 from koi.wire import planning
 from services.causal_store import main as causal_store
 from services.runtime.app import ServiceContext
-from services.runtime.bus import HEADER_ERROR, HEADER_ORIGINAL_SUBJECT, Bus, connect
+from services.runtime.bus import HEADER_ERROR, HEADER_ORIGINAL_SUBJECT, Bus
+from services.runtime.connection import connect
 from services.runtime.plausible import check_tick
 from services.runtime.settings import ServiceSettings
 from services.runtime.ticks import subject_tick

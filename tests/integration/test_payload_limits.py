@@ -21,7 +21,8 @@ from nats.js.errors import NotFoundError
 from koi import subjects
 from koi.v1 import events_pb2
 from services.runtime import work
-from services.runtime.bus import Bus, connect, delete_koi_state
+from services.runtime.bus import Bus
+from services.runtime.connection import connect, delete_koi_state
 from services.runtime.embedded import EmbeddedServer, start_nats
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio]

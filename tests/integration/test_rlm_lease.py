@@ -17,8 +17,9 @@ import pytest
 from koi import subjects
 from koi.v1 import events_pb2
 from koi.wire.hypotheses import decode_hypotheses
-from services.runtime.bus import Bus, _parse_lease
+from services.runtime.bus import Bus
 from services.runtime.busrun import BusRun
+from services.runtime.lease import _parse_lease
 from services.runtime.security import connect_nats
 from support.bus_runs import stored_messages
 

@@ -15,6 +15,7 @@ from nats.js import api
 from nats.js.errors import ServerError
 
 from koi import subjects
+from koi.subjects import stream_of, subject_matches
 from koi.v1 import events_pb2
 from services.runtime import embedded
 from services.runtime.bus import (
@@ -22,15 +23,12 @@ from services.runtime.bus import (
     HEADER_ORIGINAL_SUBJECT,
     MAX_MSG_BYTES,
     Bus,
-    Lease,
     RemoteError,
-    Undecodable,
-    connect,
-    delete_koi_state,
-    stream_of,
-    subject_matches,
 )
 from services.runtime.cache import PredictionCache, prediction_key
+from services.runtime.connection import connect, delete_koi_state
+from services.runtime.consumer import Undecodable
+from services.runtime.lease import Lease
 
 pytestmark = pytest.mark.timeout(30)
 

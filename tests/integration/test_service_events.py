@@ -113,7 +113,7 @@ async def test_a_lost_nats_connection_is_an_event_once_it_is_back(own_nats, sett
     server = own_nats()
     mine = dataclasses.replace(settings, nats_url=server.url)
     service = asyncio.create_task(run_service(NAME, _wait_forever, mine))
-    from services.runtime.bus import connect
+    from services.runtime.connection import connect
 
     watcher = await connect(server.url, "test-watcher", wait_s=10)
     for _ in range(100):  # the service is up once it has said so

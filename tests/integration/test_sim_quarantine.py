@@ -28,7 +28,8 @@ from koi.sim.testing import online_job
 from koi.v1 import events_pb2
 from koi.wire import codec, planning
 from services.runtime.app import ServiceContext
-from services.runtime.bus import Bus, connect
+from services.runtime.bus import Bus
+from services.runtime.connection import connect
 from services.runtime.settings import ServiceSettings
 from services.sim import main as sim_service
 

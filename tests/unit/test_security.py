@@ -11,8 +11,8 @@ import structlog
 from cryptography import x509
 
 from koi import subjects
+from koi.subjects import subject_matches
 from services.runtime import permissions
-from services.runtime.bus import subject_matches
 from services.runtime.permissions import ADMIN, CLIENT, ROLES
 from services.runtime.permissions import permissions as permissions_of
 from services.runtime.security import ensure_pki, init_command, init_security, tls_context
