@@ -15,8 +15,8 @@ ENV_PREFIX = "KOI_CHURN_"
 
 class ChurnSettings(BaseModel):
     """The fleet's churn settings. Defaults chosen on development seeds (generated medium
-    1-6 and hetero-3h s1; docs/history/ISSUE30-rate-2026-12-04.md and
-    ISSUE30-flaps-2026-12-04.md)."""
+    1-6 and hetero-3h s1; ``git show def7e56:docs/history/ISSUE30-rate-2026-12-04.md``
+    and ISSUE30-flaps-2026-12-04.md beside it)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
