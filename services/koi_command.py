@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from koi.cli.help_text import reflow_app
 from koi.cli.main import Opt, app, bench_app, console
 
 events_app = typer.Typer(help="The operator event log.", no_args_is_help=True)
@@ -288,6 +289,8 @@ def settings(
                  else redact_url(value) if value else f"{default} (default)")
         typer.echo(f"{name}={shown}")
 
+
+reflow_app(app)  # every command is registered by now: let the terminal wrap their help
 
 if __name__ == "__main__":
     app()

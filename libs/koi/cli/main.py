@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from koi.cli.bench_cmd import report_command
+from koi.cli.help_text import reflow_app
 from koi.cli.rlm_cmd import rlm_app
 
 app = typer.Typer(help="Koi: a self-calibrating planner for LLM inference fleets.",
@@ -419,6 +420,8 @@ def scenario_generate(
         raise typer.BadParameter(f"cannot write {out}: {e.strerror}") from None
     typer.echo(f"wrote {out} (gen-{size}-{seed})", err=True)
 
+
+reflow_app(app)  # every command is registered by now: let the terminal wrap their help
 
 if __name__ == "__main__":
     app()
