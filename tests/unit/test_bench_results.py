@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from koi.bench.bar import suite_bar
 from koi.bench.results import RunFile, load_run_files, render
-from koi.bench.stats import bootstrap_ci
+from koi.bench.stats import bootstrap_ci, min_detectable_difference
 from koi.cli.bench_cmd import report_command
 from koi.metrics import RunMetrics
 
@@ -114,8 +114,9 @@ def test_the_page_states_the_bar() -> None:
     assert "**3 of 4** scenarios" in text
     assert "**melange-ilp**; Koi's mean paired gain over it +3.75" in text
     lo, hi = bootstrap_ci([30, 20, 40, 10])
-    assert (f"| fcfs-first-fit | 4 | 50.00 | +25.00 | [{lo:+.2f}, {hi:+.2f}] | 100 % | "
-            "better (4 pairs) |") in text
+    mde = min_detectable_difference([30, 20, 40, 10])
+    assert (f"| fcfs-first-fit | 4 | 50.00 | +25.00 | [{lo:+.2f}, {hi:+.2f}] | {mde:.2f} | "
+            "100 % | better (4 pairs) |") in text
     assert "**96.8 %** of the oracle's" in text and "≥ Koi on 3 of 4" in text
     assert "median **50 %** of the gap" in text
     assert "Koi 0.200 against melange-ilp 0.400 (×1e-4 $); Koi ÷ melange-ilp = 0.50" in text

@@ -17,10 +17,12 @@ from hypothesis import strategies as st
 
 from koi.bench.stats import (
     ALL_SCENARIOS,
+    POWER,
     bootstrap_ci,
     compare,
     format_comparisons,
     metric_value,
+    min_detectable_difference,
     paired_differences,
 )
 
@@ -169,9 +171,41 @@ def test_format_comparisons_renders_a_markdown_table() -> None:
     records = runs("koi", [10.0, 12.0]) + runs("fcfs", [8.0, 10.0])
     text = format_comparisons(compare(records))
     assert text.splitlines()[1:] == [
-        "| policy | pairs | mean Δ (ref − policy) | 95 % CI | win rate | verdict |",
-        "|---|---:|---:|---:|---:|---|",
-        "| fcfs | 2 | 2 | [2, 2] | 100 % | better |",
+        "| policy | pairs | mean Δ (ref − policy) | 95 % CI | MDE (80 % power) | win rate "
+        "| verdict |",
+        "|---|---:|---:|---:|---:|---:|---|",
+        "| fcfs | 2 | 2 | [2, 2] | 0 | 100 % | better |",
     ]
     assert text.startswith("<!-- score: reference koi")
     assert format_comparisons([]) == ""
+
+
+# --- power ---------------------------------------------------------------------------------
+
+def test_min_detectable_difference_has_the_power_it_claims() -> None:
+    """A true mean of exactly the MDE (for the population's sd) is found by the paired
+    t-test at about ``POWER``: the noncentral t distribution's exact power."""
+    from scipy.stats import nct
+    from scipy.stats import t as student_t
+
+    for n, sd in ((6, 1.0), (12, 3.0), (40, 0.5)):
+        z = student_t.ppf(0.975, n - 1) + student_t.ppf(POWER, n - 1)
+        delta = z * sd / math.sqrt(n)            # the formula, with the true sd
+        crit = student_t.ppf(0.975, n - 1)
+        power = nct.sf(crit, n - 1, delta * math.sqrt(n) / sd)
+        assert 0.75 <= power <= 0.85, (n, power)
+
+
+def test_min_detectable_difference_scales_with_spread_and_pairs() -> None:
+    rng = np.random.default_rng(3)
+    d = rng.normal(0.0, 2.0, 48)
+    assert min_detectable_difference(d[:12]) > min_detectable_difference(d)  # more pairs
+    assert min_detectable_difference(2 * d) == pytest.approx(2 * min_detectable_difference(d))
+    assert math.isnan(min_detectable_difference([1.0]))
+    assert min_detectable_difference([1.0, 1.0, 1.0]) == 0.0
+
+
+def test_comparisons_carry_their_mde() -> None:
+    records = runs("koi", [10.0, 12.0, 9.0, 14.0]) + runs("fcfs", [8.0, 10.0, 10.0, 9.0])
+    [c] = compare(records)
+    assert c.mde == pytest.approx(min_detectable_difference([2.0, 2.0, -1.0, 5.0]))

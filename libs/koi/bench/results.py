@@ -167,7 +167,10 @@ def _header(files: Sequence[RunFile], records: Sequence[Record], command: str,
         "of 1e-4 USD; **nan** where the runs recorded no value (or null: not finite, e.g. "
         "$/token with nothing served). Δ is koi − policy on the overall score, paired by "
         "(scenario, seed), positive when Koi scored more, with a 95 % percentile-bootstrap "
-        "interval; an interval that includes 0 is **no difference**. Koi's family "
+        "interval; an interval that includes 0 is **no difference**. MDE is the smallest "
+        "true Δ those pairs would detect with 80 % power (paired t, two-sided 5 %): a "
+        "**no difference** with an MDE above the effect asked about is no evidence either "
+        "way. Koi's family "
         "(`koi*`) and the references (`oracle*`) are not counted as non-Koi policies.",
         ""]
     return "\n".join(lines)
@@ -197,11 +200,12 @@ def _suite(s: SuiteRuns) -> str:
 
 
 def _scores_table(b: Bar) -> str:
-    lines = ["| policy | scenarios | mean score | Δ koi − policy | 95 % CI | Koi wins | "
-             "verdict for Koi |", "|---|---:|---:|---:|---:|---:|---|"]
+    lines = ["| policy | scenarios | mean score | Δ koi − policy | 95 % CI | MDE | Koi wins | "
+             "verdict for Koi |", "|---|---:|---:|---:|---:|---:|---:|---|"]
     for p in b.scores:
         c = p.vs_koi
-        cells = (["—"] * 4 if c is None else [_signed(c.mean_diff), _ci(c), _pct(c.win_rate),
+        cells = (["—"] * 5 if c is None else [_signed(c.mean_diff), _ci(c), _mde(c),
+                                              _pct(c.win_rate),
                                               f"{c.verdict} ({_n(c.n, 'pair')})"])
         lines.append(f"| {p.policy} | {p.scenarios} | {_num(p.mean, '.2f')} | "
                      + " | ".join(cells) + " |")
@@ -219,13 +223,14 @@ def _bar_lines(b: Bar, suite_wall: str | None) -> str:
         g = b.gain
         lines.append(f"- (b) strongest non-Koi policy (highest mean score): **{b.strongest}**;"
                      f" Koi's mean paired gain over it {_signed(g.mean_diff)} {_ci(g)}: "
-                     f"**{g.verdict}** ({_n(g.n, 'pair')}).")
+                     f"**{g.verdict}** ({_n(g.n, 'pair')}, MDE {_mde(g)}).")
     lines.append(_line_c(b))
     if b.strongest is not None and b.gap is not None and b.cost is not None:
         lines += [_line_d(b.strongest, b.gap), _line_e(b.strongest, b.cost)]
     lines.append("- (f) ablations, koi − ablation: " + "; ".join(
-        f"{c.policy} {_signed(c.mean_diff)} {_ci(c)}, {c.verdict} ({_n(c.n, 'pair')})"
-        for c in b.ablations) + "." if b.ablations else "- (f) no ablation (`koi-*`) ran.")
+        f"{c.policy} {_signed(c.mean_diff)} {_ci(c)}, {c.verdict} ({_n(c.n, 'pair')}, "
+        f"MDE {_mde(c)})" for c in b.ablations) + "."
+        if b.ablations else "- (f) no ablation (`koi-*`) ran.")
     w = b.koi_wall
     lines.append("- (g) Koi's wall time per run: "
                  + (NOT_RECORDED if w is None else
@@ -333,6 +338,11 @@ def _signed(x: float) -> str:
 
 def _ci(c: Comparison) -> str:
     return f"[{_signed(c.ci_low)}, {_signed(c.ci_high)}]"
+
+
+def _mde(c: Comparison) -> str:
+    """The comparison's minimum detectable difference (``stats.POWER``), unsigned."""
+    return "nan" if math.isnan(c.mde) else f"{c.mde:.2f}"
 
 
 def _pct(frac: float) -> str:

@@ -7,7 +7,11 @@ metric between them is a *paired* difference: most of the scenario's noise cance
 ``bootstrap_ci`` gives a percentile-bootstrap interval of the mean difference;
 ``compare`` turns each policy's pairs into a ``Comparison`` (mean difference, interval,
 win rate and a verdict), pooled or per scenario; ``format_comparisons`` renders them as
-Markdown. A claim whose interval includes 0 is reported as "no difference".
+Markdown. A claim whose interval includes 0 is reported as "no difference". Beside each
+interval stands the comparison's power: ``min_detectable_difference``, the smallest true
+mean difference these pairs would find (two-sided, at the interval's confidence) with
+probability ``POWER``. A "no difference" with an MDE of 3 points says nothing about a
+1-point effect; one with an MDE of 0.5 does.
 
 Records are the per-run objects of ``runs.jsonl`` (``koi.bench.report.run_json``):
 ``scenario``, ``policy``, ``seed`` at the top and the metrics under ``metrics``, with
@@ -31,6 +35,7 @@ METRIC_ALIASES: dict[str, str] = {"score": "overall_score"}
 LOWER_IS_BETTER: frozenset[str] = frozenset(
     {"cost_per_token_usd", "spend_usd", "wall_s", "refused_actions"})
 VERDICTS = ("better", "worse", "no difference")
+POWER = 0.8                            # the power the minimum detectable difference is for
 _CHUNK = 2_000_000                     # resampled values held at once by ``bootstrap_ci``
 
 
@@ -82,6 +87,7 @@ class Comparison:
     confidence: float
     higher_is_better: bool
     dropped: int = 0            # ``PairedDiffs.dropped``
+    mde: float = math.nan       # ``min_detectable_difference`` of these pairs (nan: n < 2)
 
 
 # --- pairing -----------------------------------------------------------------------------
@@ -192,6 +198,26 @@ def bootstrap_ci(diffs: Sequence[float] | np.ndarray, confidence: float = 0.95,
     return mean + float(lo), mean + float(hi)
 
 
+def min_detectable_difference(diffs: Sequence[float] | np.ndarray,
+                              confidence: float = 0.95, power: float = POWER) -> float:
+    """The smallest true mean of paired differences a two-sided test at ``confidence``
+    finds with probability ``power``, given the spread of ``diffs``:
+    (t₍₁₋α/2₎ + t₍power₎) · sd / √n with n − 1 degrees of freedom (the paired t-test's
+    power, which the bootstrap interval follows for these sample sizes). nan for fewer
+    than two differences; 0 when they are all equal."""
+    from scipy.stats import t as student_t  # scipy is a dependency (HiGHS); import late
+
+    d = np.asarray(diffs, dtype=float).ravel()
+    if d.size < 2:
+        return math.nan
+    if not 0.0 < confidence < 1.0 or not 0.0 < power < 1.0:
+        raise ValueError(f"need 0 < confidence, power < 1 (got {confidence}, {power})")
+    sd = float(np.std(d, ddof=1))
+    dof = d.size - 1
+    z = float(student_t.ppf(1.0 - (1.0 - confidence) / 2.0, dof) + student_t.ppf(power, dof))
+    return z * sd / math.sqrt(d.size)
+
+
 # --- comparisons -------------------------------------------------------------------------
 
 def _win_rate(d: np.ndarray, higher_is_better: bool) -> float:
@@ -216,7 +242,8 @@ def _comparison(p: PairedDiffs, scenario: str, higher_is_better: bool, confidenc
     low, high = bootstrap_ci(d, confidence, resamples, seed)
     mean = _mean(d)
     return Comparison(*head, mean, low, high, _win_rate(d, higher_is_better),
-                      _verdict(low, high, mean, higher_is_better), *tail)
+                      _verdict(low, high, mean, higher_is_better), *tail,
+                      mde=min_detectable_difference(d, confidence))
 
 
 def compare(records: Iterable[Record], metric: str = "score", reference: str = "koi", *,
@@ -264,17 +291,18 @@ def format_comparisons(comparisons: Sequence[Comparison]) -> str:
     c0 = comparisons[0]
     per_scenario = any(c.scenario != ALL_SCENARIOS for c in comparisons)
     head = ["policy", "pairs", "mean Δ (ref − policy)", f"{c0.confidence * 100:g} % CI",
-            "win rate", "verdict"]
+            f"MDE ({POWER * 100:g} % power)", "win rate", "verdict"]
     head = ["scenario", *head] if per_scenario else head
     better = "higher" if c0.higher_is_better else "lower"
     lines = [f"<!-- {c0.metric}: reference {c0.reference} against each policy over paired "
-             f"(scenario, seed) runs; {better} is better; win rate counts ties as ½ -->",
+             f"(scenario, seed) runs; {better} is better; MDE: the smallest true difference these "
+             f"pairs would detect; win rate counts ties as ½ -->",
              "| " + " | ".join(head) + " |",
-             "|" + "---|" * (1 + per_scenario) + "---:|" * 4 + "---|"]
+             "|" + "---|" * (1 + per_scenario) + "---:|" * 5 + "---|"]
     for c in comparisons:
         win = "nan" if math.isnan(c.win_rate) else f"{c.win_rate * 100:.0f} %"
         cells = [c.policy, str(c.n), _num(c.mean_diff),
-                 f"[{_num(c.ci_low)}, {_num(c.ci_high)}]", win, c.verdict]
+                 f"[{_num(c.ci_low)}, {_num(c.ci_high)}]", _num(c.mde), win, c.verdict]
         cells = [c.scenario, *cells] if per_scenario else cells
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -284,6 +312,7 @@ __all__ = [
     "ALL_SCENARIOS",
     "LOWER_IS_BETTER",
     "METRIC_ALIASES",
+    "POWER",
     "VERDICTS",
     "Comparison",
     "PairedDiffs",
@@ -292,6 +321,7 @@ __all__ = [
     "format_comparisons",
     "group_by_scenario",
     "metric_value",
+    "min_detectable_difference",
     "paired_differences",
     "values_by_run",
 ]
