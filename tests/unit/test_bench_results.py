@@ -225,3 +225,19 @@ def test_policies_that_need_a_model_are_named_not_numbered() -> None:
     # koi ran: only the two with no runs are listed as needing an endpoint
     assert "**Needs an endpoint:** `koi-rlm`, `llm-only` plan with a language model" in text
     assert "needs an endpoint" not in page(hand_suite()).lower()
+
+
+def test_bench_power_reads_recorded_runs(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from koi.cli.main import app
+
+    recs = [record(p, s, 70.0 + s % 3 + (p == "koi")) for p in ("koi", "melange-ilp")
+            for s in range(4)]
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
+    done = CliRunner().invoke(app, ["bench", "power", str(runs), "--target", "0.5"])
+    assert done.exit_code == 0, done.output
+    assert "| melange-ilp | 4 | 1 | 0 | 0 | 2 |" in done.output
+    missing = CliRunner().invoke(app, ["bench", "power", str(tmp_path / "nothing")])
+    assert missing.exit_code == 2

@@ -21,9 +21,12 @@ from koi.bench.stats import (
     bootstrap_ci,
     compare,
     format_comparisons,
+    format_power,
     metric_value,
     min_detectable_difference,
     paired_differences,
+    pairs_for_mde,
+    power_table,
 )
 
 
@@ -209,3 +212,28 @@ def test_comparisons_carry_their_mde() -> None:
     records = runs("koi", [10.0, 12.0, 9.0, 14.0]) + runs("fcfs", [8.0, 10.0, 10.0, 9.0])
     [c] = compare(records)
     assert c.mde == pytest.approx(min_detectable_difference([2.0, 2.0, -1.0, 5.0]))
+
+
+def test_pairs_for_mde_is_the_first_n_that_reaches_the_target() -> None:
+    from scipy.stats import t as student_t
+
+    def mde(n: int, sd: float) -> float:
+        return (student_t.ppf(0.975, n - 1) + student_t.ppf(POWER, n - 1)) * sd / math.sqrt(n)
+
+    for sd in (0.5, 1.84, 4.9, 17.7):
+        n = pairs_for_mde(sd, 1.0)
+        assert n is not None and mde(n, sd) <= 1.0
+        assert n == 2 or mde(n - 1, sd) > 1.0
+    assert pairs_for_mde(0.0, 1.0) == 2
+    assert pairs_for_mde(1e6, 1.0, most=1000) is None
+    with pytest.raises(ValueError):
+        pairs_for_mde(1.0, 0.0)
+
+
+def test_power_table_per_policy() -> None:
+    records = runs("koi", [10.0, 12.0, 9.0, 14.0]) + runs("fcfs", [8.0, 10.0, 10.0, 9.0])
+    [row] = power_table(records, target=1.0)
+    assert (row.policy, row.n) == ("fcfs", 4)
+    assert row.sd == pytest.approx(np.std([2.0, 2.0, -1.0, 5.0], ddof=1))
+    assert row.pairs_needed == pairs_for_mde(row.sd, 1.0)
+    assert "| fcfs | 4 |" in format_power([row])

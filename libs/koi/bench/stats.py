@@ -218,6 +218,30 @@ def min_detectable_difference(diffs: Sequence[float] | np.ndarray,
     return z * sd / math.sqrt(d.size)
 
 
+def pairs_for_mde(sd: float, target: float, confidence: float = 0.95,
+                  power: float = POWER, most: int = 100_000) -> int | None:
+    """How many pairs with paired differences of spread ``sd`` make the minimum
+    detectable difference ``target`` or less (None: more than ``most``). Planning, not
+    testing: ``sd`` is an estimate from pilot runs, so the answer is too."""
+    from scipy.stats import t as student_t
+
+    if target <= 0.0 or not math.isfinite(sd) or sd < 0.0:
+        raise ValueError(f"need target > 0 and a finite sd ≥ 0 (got {target}, {sd})")
+    lo, hi = 2, 2
+    def mde(n: int) -> float:
+        dof = n - 1
+        z = student_t.ppf(1.0 - (1.0 - confidence) / 2.0, dof) + student_t.ppf(power, dof)
+        return float(z) * sd / math.sqrt(n)
+    while mde(hi) > target:  # the MDE falls with n: double, then bisect
+        if hi >= most:
+            return None
+        lo, hi = hi, min(2 * hi, most)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if mde(mid) > target else (lo, mid)
+    return hi
+
+
 # --- comparisons -------------------------------------------------------------------------
 
 def _win_rate(d: np.ndarray, higher_is_better: bool) -> float:
@@ -278,6 +302,47 @@ def group_by_scenario(records: Iterable[Record]) -> dict[str, list[Record]]:
     return groups
 
 
+@dataclass(frozen=True, slots=True)
+class Power:
+    """What a comparison's pairs can see: their spread, today's MDE, and the pairs a
+    target MDE would take at that spread."""
+
+    policy: str
+    n: int
+    mean_diff: float
+    sd: float                   # of the paired differences (nan: n < 2)
+    mde: float                  # with these n pairs
+    target: float
+    pairs_needed: int | None    # for ``mde <= target`` (None: beyond reach, or n < 2)
+
+
+def power_table(records: Iterable[Record], target: float = 1.0, metric: str = "score",
+                reference: str = "koi", confidence: float = 0.95) -> list[Power]:
+    """One ``Power`` per policy paired with the reference, pooled over scenarios."""
+    out = []
+    for name, p in sorted(paired_differences(records, metric, reference).items()):
+        d = np.asarray(p.diffs, dtype=float)
+        sd = float(np.std(d, ddof=1)) if d.size >= 2 else math.nan
+        out.append(Power(name, d.size, _mean(d) if d.size else math.nan, sd,
+                         min_detectable_difference(d, confidence), target,
+                         pairs_for_mde(sd, target, confidence) if d.size >= 2 else None))
+    return out
+
+
+def format_power(rows: Sequence[Power]) -> str:
+    """A Markdown table of ``power_table``."""
+    if not rows:
+        return ""
+    t = rows[0].target
+    lines = [f"| policy | pairs | mean Δ | sd of Δ | MDE now | pairs for MDE ≤ {t:g} |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        need = "—" if r.pairs_needed is None else str(r.pairs_needed)
+        lines.append(f"| {r.policy} | {r.n} | {_num(r.mean_diff)} | {_num(r.sd)} | "
+                     f"{_num(r.mde)} | {need} |")
+    return "\n".join(lines) + "\n"
+
+
 # --- rendering ---------------------------------------------------------------------------
 
 def _num(x: float) -> str:
@@ -316,12 +381,16 @@ __all__ = [
     "VERDICTS",
     "Comparison",
     "PairedDiffs",
+    "Power",
     "bootstrap_ci",
     "compare",
     "format_comparisons",
+    "format_power",
     "group_by_scenario",
     "metric_value",
     "min_detectable_difference",
     "paired_differences",
+    "pairs_for_mde",
+    "power_table",
     "values_by_run",
 ]

@@ -176,6 +176,40 @@ def report_command(
                   soft_wrap=True, markup=False)
 
 
+def power_command(
+    runs: Annotated[list[Path] | None, typer.Argument(
+        help="runs.jsonl files, or directories searched for them; default: out/.",
+        show_default=False)] = None,
+    target: Annotated[float, typer.Option(help="The difference to be able to see, in the "
+                                               "metric's units.", min=1e-9)] = 1.0,
+    reference: Annotated[str, typer.Option(help="The policy compared with.")] = "koi",
+    metric: Annotated[str, typer.Option(help="The metric (score: the overall score).")
+                      ] = "score",
+) -> None:
+    """Statistical power of runs already made: per policy paired with the reference, the
+    spread of the paired differences, the minimum detectable difference (80 % power,
+    two-sided 5 %) with the pairs there are, and how many pairs that spread would need to
+    see TARGET. Runs nothing."""
+    from koi.bench.results import load_run_files
+    from koi.bench.stats import format_power, power_table
+
+    console = Console(stderr=True)
+    try:
+        files = load_run_files(runs or [DEFAULT_RUNS])
+    except FileNotFoundError as exc:
+        _fail(console, str(exc), "give runs.jsonl files or the --out directories of "
+                                 "koi bench / koi bench suite")
+    records = [r for f in files for r in f.records]
+    try:
+        rows = power_table(records, target, metric, reference)
+    except KeyError as exc:
+        _fail(console, f"metric {metric!r} not in the runs ({exc})", "see docs/BENCHMARKS.md")
+    if not rows:
+        _fail(console, f"no policy is paired with {reference!r} in these runs",
+              "run the reference on the same (scenario, seed)s")
+    print(format_power(rows), end="")
+
+
 def _print_and_write(console: Console, results: Sequence[RunResult], out: Path) -> None:
     from koi.bench.report import csv_text, markdown_table, rich_table, summarise
 
@@ -222,4 +256,5 @@ def _fail(console: Console, message: str, hint: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-__all__ = ["DEFAULT_OUT", "bench_command", "parse_seeds", "report_command", "split_list"]
+__all__ = ["DEFAULT_OUT", "bench_command", "parse_seeds", "power_command", "report_command",
+           "split_list"]

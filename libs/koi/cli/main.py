@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from koi.cli.bench_cmd import report_command
+from koi.cli.bench_cmd import power_command, report_command
 from koi.cli.help_text import reflow_app
 from koi.cli.rlm_cmd import rlm_app
 
@@ -307,6 +307,7 @@ def bench_tick(
 
 
 bench_app.command("report")(report_command)
+bench_app.command("power")(power_command)
 
 
 @bench_app.command("suite")
