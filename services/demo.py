@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import tempfile
 import time
 from collections import deque
@@ -127,14 +128,26 @@ async def _monitor(nats_url: str, console: Console, timeout_s: float,
 
 
 def run_demo(*, scenario: str, seed: int, horizon_s: float | None, timeout_s: float,
-             console: Console, secure: bool = True, telemetry: str = "bus") -> int:
+             console: Console, secure: bool = True, telemetry: str = "bus",
+             keep: Path | None = None) -> int:
     """``secure``: the embedded NATS requires TLS and a user per service (the demo itself
     connects as admin). An external NATS (``KOI_NATS_URL``) is used with the credentials
     the environment gives (``KOI_NATS_USER`` …), by the demo and every service alike.
     ``telemetry="http"``: the sim serves engine /metrics pages and engine-metrics reads
-    them, instead of the sim publishing its telemetry."""
+    them, instead of the sim publishing its telemetry. ``keep``: the run's directory
+    (services' logs, the secrets, the JetStream store), kept afterwards; by default a
+    temporary one, removed."""
     with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="koi-demo-")))
+        if keep is None:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="koi-demo-")))
+        else:
+            tmp = Path(keep)
+            if tmp.exists() and (not tmp.is_dir() or any(tmp.iterdir())):
+                console.print(f"[red]--keep {tmp}: not an empty directory[/red] (an earlier "
+                              "run's store would be replayed); give a new or empty one")
+                return 2
+            tmp.mkdir(parents=True, exist_ok=True)
+            os.chmod(tmp, 0o700)  # it holds the secrets
         nats_url = env("KOI_NATS_URL") if _given("KOI_NATS_URL") else None
         security, admin = None, None
         if nats_url is None:

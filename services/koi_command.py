@@ -142,6 +142,10 @@ def demo(
     telemetry: Annotated[str, Opt(help="bus: the sim publishes telemetry; http: it serves "
                                        "engine /metrics pages that engine-metrics reads.")
                          ] = "bus",
+    keep: Annotated[Path | None, Opt(help="Keep the run's directory here (each service's "
+                                          "log, the secrets, the JetStream store; made "
+                                          "0700); default: a temporary one, removed.")
+                    ] = None,
 ) -> None:
     """Run every service on an embedded NATS against a simulated fleet and show what the
     planner does (live progress, events, then the run's metrics)."""
@@ -156,7 +160,8 @@ def demo(
         raise typer.BadParameter("bus or http", param_hint="--telemetry")
     horizon = 3600.0 if fast and horizon_s is None else horizon_s
     raise typer.Exit(run_demo(scenario=scenario, seed=seed, horizon_s=horizon,
-                              timeout_s=timeout_s, console=console, telemetry=telemetry))
+                              timeout_s=timeout_s, console=console, telemetry=telemetry,
+                              keep=keep))
 
 
 @app.command()

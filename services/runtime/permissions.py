@@ -2,7 +2,7 @@
 
 ``permissions(role)`` is the table, built only from the names in ``koi.subjects`` (no
 subject is spelt here that a service spells elsewhere, except the few KV keys and
-durable names noted below); ``accounts_block(passwords)`` turns it into the
+durable names noted below); ``accounts_block(password_hashes)`` turns it into the
 ``accounts { KOI { … } }`` section of a nats-server configuration.
 
 What it rests on (checked against nats-server 2.15 and nats-py 2.16 in
@@ -191,11 +191,14 @@ def permissions(role: str) -> Permissions:
     raise ValueError(f"unknown role {role!r}; known: {', '.join(ROLES)}")
 
 
-def accounts_block(passwords: Mapping[str, str]) -> str:
+def accounts_block(password_hashes: Mapping[str, str]) -> str:
     """The ``accounts`` section of a nats-server config: account KOI with JetStream and
-    one user per role in ``passwords``. It holds the passwords in clear (no bcrypt in
-    our dependencies): the file must be readable by the server only (0600)."""
-    users = [{"user": role, "password": passwords[role],
+    one user per role, each with its password's bcrypt hash (``security.hash_password``):
+    the configuration holds no password in clear. The file stays 0600 all the same."""
+    for role, hashed in password_hashes.items():
+        if not hashed.startswith("$2"):
+            raise ValueError(f"the password of NATS user {role!r} is not a bcrypt hash")
+    users = [{"user": role, "password": password_hashes[role],
               "permissions": permissions(role).as_config()} for role in ROLES]
     return (f"accounts {{\n  {ACCOUNT} {{\n    jetstream: enabled\n"
             f"    users: {json.dumps(users, indent=2)}\n  }}\n}}\n")

@@ -1,20 +1,25 @@
-"""Credentials and TLS for the bus: a CA and server certificate made at set-up, one
-generated password per NATS user, the server's configuration, and the one way every Koi
-process opens a NATS connection (``connect_nats`` / ``connect_options``).
+"""Credentials and TLS for the bus: a CA and two server certificates made at set-up,
+one generated password per NATS user (the server's configuration holds only its bcrypt
+hash), and the one way every Koi process opens a NATS connection (``connect_options``).
 
 ``init_security(root)`` makes (once; later calls reuse what exists) this layout, every
 file 0600:
 
-    root/pki/ca.pem, ca-key.pem, server.pem, server-key.pem   the CA and the server's
-    root/users/<role>/password, ca.pem                        what one service mounts
-    root/grpc/token, server.pem, server-key.pem               what planner-api mounts
-    root/nats-auth.conf                                       accounts + tls, to include
-    root/nats.conf                                            a whole server config
+    root/pki/ca.pem, ca-key.pem              the CA
+    root/pki/server.pem, server-key.pem      NATS's certificate
+    root/pki/grpc.pem, grpc-key.pem          planner-api's gRPC certificate
+    root/users/<role>/password, ca.pem       what one service mounts
+    root/users/<role>/password.bcrypt        its hash, for the server's configuration
+    root/grpc/token, server.pem, server-key.pem   what planner-api mounts (its own
+                                             certificate and key, copied)
+    root/nats-auth.conf                      accounts (bcrypt hashes) + tls, to include
+    root/nats.conf                           a whole server config
 
-planner-api's gRPC TLS reuses the server certificate (copied into ``grpc/``, so that it
-mounts neither the CA key nor anyone's password); its bearer token is made once and
-kept. Which role may publish what is ``services/runtime/permissions.py``. No secret is
-ever logged, put in an exception message or shown by a repr.
+NATS and gRPC have separate certificates and keys (same CA), so a leak of one server's
+key impersonates only that server; planner-api mounts neither the CA key, NATS's key nor
+anyone's password; its bearer token is made once and kept. Which role may publish what
+is ``services/runtime/permissions.py``. No secret is ever logged, put in an exception
+message, a command line or a repr.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ from services.runtime.settings import NatsAuth
 log = structlog.get_logger(__name__)
 
 _CA_DAYS = 3650
+# bcrypt's cost for the NATS users' password hashes: nats-server's own ``mkpasswd``
+# default; the server checks a hash once per connection (tenths of a second on 2 cores)
+BCRYPT_ROUNDS = 11
 _CERT_DAYS = 825
 _LOCAL_SANS = ("localhost", "127.0.0.1", "::1")
 
@@ -55,7 +63,7 @@ def write_secret(path: Path, data: bytes | str) -> None:
 # --- PKI -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Pki:
-    """Where the CA and the server certificate lie (PEM files)."""
+    """Where the CA and the two server certificates (NATS, gRPC) lie (PEM files)."""
 
     dir: Path
 
@@ -74,6 +82,14 @@ class Pki:
     @property
     def server_key(self) -> Path:
         return self.dir / "server-key.pem"
+
+    @property
+    def grpc_cert(self) -> Path:
+        return self.dir / "grpc.pem"
+
+    @property
+    def grpc_key(self) -> Path:
+        return self.dir / "grpc-key.pem"
 
 
 def _name(common_name: str) -> Any:
@@ -119,7 +135,7 @@ def _issue_ca(pki: Pki) -> None:
     write_secret(pki.ca_cert, cert.public_bytes(serialization.Encoding.PEM))
 
 
-def _issue_server(pki: Pki, sans: tuple[str, ...]) -> None:
+def _issue_server(pki: Pki, sans: tuple[str, ...], cert_path: Path, key_path: Path) -> None:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -144,10 +160,10 @@ def _issue_server(pki: Pki, sans: tuple[str, ...]) -> None:
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(
                 ca_ski), critical=False)
             .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]  # an EC key
-    write_secret(pki.server_key, key.private_bytes(serialization.Encoding.PEM,
-                                                   serialization.PrivateFormat.PKCS8,
-                                                   serialization.NoEncryption()))
-    write_secret(pki.server_cert, cert.public_bytes(serialization.Encoding.PEM))
+    write_secret(key_path, key.private_bytes(serialization.Encoding.PEM,
+                                             serialization.PrivateFormat.PKCS8,
+                                             serialization.NoEncryption()))
+    write_secret(cert_path, cert.public_bytes(serialization.Encoding.PEM))
 
 
 def _covers(cert_path: Path, sans: tuple[str, ...]) -> bool:
@@ -167,18 +183,21 @@ def _covers(cert_path: Path, sans: tuple[str, ...]) -> bool:
 
 
 def ensure_pki(dir: Path, sans: Iterable[str] = ()) -> Pki:
-    """A CA and a server certificate for 127.0.0.1/localhost/::1 plus ``sans`` (host names
-    or IP addresses) in ``dir``: made once, reused after; the server certificate is
-    re-issued (same CA) when it lacks a name asked for or expires within 30 days. Serves
-    NATS and gRPC alike (server and client auth)."""
+    """A CA and two server certificates, NATS's and gRPC's, each for
+    127.0.0.1/localhost/::1 plus ``sans`` (host names or IP addresses), in ``dir``: made
+    once, reused after; a certificate is re-issued (same CA, new key) when it lacks a
+    name asked for or expires within 30 days."""
     pki = Pki(Path(dir))
     wanted = tuple(dict.fromkeys((*_LOCAL_SANS, *sans)))
     if not (pki.ca_cert.is_file() and pki.ca_key.is_file()):
         _issue_ca(pki)
         log.info("pki_ca_created", dir=str(pki.dir))
-    if not (pki.server_key.is_file() and _covers(pki.server_cert, wanted)):
-        _issue_server(pki, wanted)
-        log.info("pki_server_cert_issued", dir=str(pki.dir), names=list(wanted))
+    for which, cert, key in (("nats", pki.server_cert, pki.server_key),
+                             ("grpc", pki.grpc_cert, pki.grpc_key)):
+        if not (key.is_file() and _covers(cert, wanted)):
+            _issue_server(pki, wanted, cert, key)
+            log.info("pki_server_cert_issued", dir=str(pki.dir), server=which,
+                     names=list(wanted))
     return pki
 
 
@@ -211,8 +230,15 @@ class Security:
         """``Supervisor.service_env`` for ``services``: each runs as its own user."""
         return {name: self.env_for(name) for name in services}
 
+    def hash_file(self, role: str) -> Path:
+        return self.root / "users" / role / "password.bcrypt"
+
     def passwords(self) -> dict[str, str]:
         return {role: self.password_file(role).read_text().strip() for role in ROLES}
+
+    def password_hashes(self) -> dict[str, str]:
+        """Each role's bcrypt hash (what the server's configuration holds)."""
+        return {role: self.hash_file(role).read_text().strip() for role in ROLES}
 
     @property
     def grpc_dir(self) -> Path:
@@ -224,28 +250,39 @@ class Security:
 
     @property
     def grpc_cert(self) -> Path:
-        return self.grpc_dir / self.pki.server_cert.name
+        return self.grpc_dir / "server.pem"
 
     @property
     def grpc_key(self) -> Path:
-        return self.grpc_dir / self.pki.server_key.name
+        return self.grpc_dir / "server-key.pem"
 
 
 def _ensure_users(sec: Security) -> None:
     ca = sec.pki.ca_cert.read_bytes()
     for role in ROLES:
-        if not sec.password_file(role).is_file():
-            write_secret(sec.password_file(role), secrets.token_urlsafe(32) + "\n")
+        password, hashed = sec.password_file(role), sec.hash_file(role)
+        if not password.is_file():
+            write_secret(password, secrets.token_urlsafe(32) + "\n")
+        if not hashed.is_file() or hashed.stat().st_mtime_ns < password.stat().st_mtime_ns:
+            write_secret(hashed, hash_password(password.read_text().strip()) + "\n")
         write_secret(sec.ca_file(role), ca)
 
 
+def hash_password(password: str, rounds: int = BCRYPT_ROUNDS) -> str:
+    """The bcrypt hash nats-server accepts in place of a password (``$2a$`` form, as its
+    ``mkpasswd`` writes)."""
+    import bcrypt
+
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds, prefix=b"2a")).decode()
+
+
 def _ensure_grpc(sec: Security) -> None:
-    """planner-api's files: a bearer token (made once, kept after) and copies of the
-    server's certificate and key (rewritten: a re-issued certificate reaches it too)."""
+    """planner-api's files: a bearer token (made once, kept after) and copies of its own
+    certificate and key (rewritten: a re-issued certificate reaches it too)."""
     if not sec.grpc_token_file.is_file():
         write_secret(sec.grpc_token_file, secrets.token_urlsafe(32))
-    write_secret(sec.grpc_cert, sec.pki.server_cert.read_bytes())
-    write_secret(sec.grpc_key, sec.pki.server_key.read_bytes())
+    write_secret(sec.grpc_cert, sec.pki.grpc_cert.read_bytes())
+    write_secret(sec.grpc_key, sec.pki.grpc_key.read_bytes())
 
 
 def server_tls_block(pki: Pki, mount: Path | None = None) -> str:
@@ -272,7 +309,7 @@ def init_security(root: Path, *, sans: Iterable[str] = (), listen: str = "0.0.0.
     sec = Security(root, ensure_pki(root / "pki", sans))
     _ensure_users(sec)
     _ensure_grpc(sec)
-    auth = accounts_block(sec.passwords()) + server_tls_block(sec.pki, mount)
+    auth = accounts_block(sec.password_hashes()) + server_tls_block(sec.pki, mount)
     write_secret(root / "nats-auth.conf", auth)
     write_secret(root / "nats.conf",
                  f"listen: {listen}\nhttp: {monitor}\n"

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -35,19 +36,73 @@ def _koi_processes() -> set[str]:
     return out
 
 
+def _command_lines(pids: set[str]) -> set[str]:
+    out = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                out.add(f.read().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return out
+
+
+def _secrets_of(root: Path) -> dict[str, str]:
+    """Every secret a run's secrets directory holds, by file: passwords, the gRPC token
+    and the body of each private key."""
+    found = {}
+    for path in root.rglob("*"):
+        if path.name in ("password", "token"):
+            found[str(path)] = path.read_text().strip()
+        elif path.name.endswith("-key.pem"):
+            body = "".join(line for line in path.read_text().splitlines()
+                           if not line.startswith("-----"))
+            found[str(path)] = body[:40]
+    return found
+
+
 def test_demo_runs_everything_and_stops_it(tmp_path):
+    """…and nothing secret reaches its output, a service's log or a command line."""
     before = _koi_processes()
     env = {k: v for k, v in os.environ.items()
            if k not in ("KOI_NATS_URL", "KOI_REDIS_URL") and not k.startswith("KOI_RLM_")}
+    keep = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "services.koi_command", "demo", "--horizon-s",
-                             "300", "--timeout-s", "300"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    out, _ = proc.communicate(timeout=380)
+                             "300", "--timeout-s", "300", "--keep", str(keep)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: set[str] = set()
+    stop = threading.Event()
+
+    def sample() -> None:  # the command lines of what the demo starts, while it runs
+        while not stop.wait(0.5):
+            seen.update(_command_lines(_koi_processes() - before))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        out, _ = proc.communicate(timeout=380)
+    finally:
+        stop.set()
+        sampler.join(timeout=5)
     assert proc.returncode == 0, out[-3000:]
     assert "embedded NATS with JetStream" in out and "embedded valkey" in out
     assert "overall score" in out and "5 ticks" in out
     assert "hypothesis rounds" not in out
     assert not _koi_processes() - before, "the demo left processes running"
+
+    secrets = _secrets_of(keep / "secrets")
+    assert len([f for f in secrets if f.endswith("/password")]) >= 8 and secrets
+    logs = sorted((keep / "logs").glob("*")) + sorted((keep / "jetstream").glob("*.log"))
+    assert logs and any(p.stat().st_size for p in logs)
+    assert any("services." in c for c in seen), "no service's command line was sampled"
+    texts = {"the demo's output": out, "command lines": "\n".join(seen)}
+    texts |= {str(p): p.read_text(errors="replace") for p in logs if p.is_file()}
+    conf = (keep / "jetstream" / "nats.conf")
+    if conf.is_file():  # the server's configuration: bcrypt hashes, never a password
+        texts[str(conf)] = conf.read_text()
+    leaks = [f"{name} holds {file}" for file, secret in secrets.items()
+             for name, text in texts.items() if secret and secret in text]
+    assert not leaks, leaks
 
 
 def test_demo_against_a_replayed_model_shows_its_hypotheses(tmp_path):

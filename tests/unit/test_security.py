@@ -79,8 +79,8 @@ def test_the_grpc_files_follow_a_reissued_server_certificate(tmp_path) -> None:
     before = sec.grpc_cert.read_bytes()
     sec = init_security(tmp_path, sans=("nats", "planner-api"))
     assert sec.grpc_cert.read_bytes() != before
-    assert sec.grpc_cert.read_bytes() == sec.pki.server_cert.read_bytes()
-    assert sec.grpc_key.read_bytes() == sec.pki.server_key.read_bytes()
+    assert sec.grpc_cert.read_bytes() == sec.pki.grpc_cert.read_bytes()
+    assert sec.grpc_key.read_bytes() == sec.pki.grpc_key.read_bytes()
     cert = x509.load_pem_x509_certificate(sec.grpc_cert.read_bytes())
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "planner-api" in names.get_values_for_type(x509.DNSName)
@@ -162,3 +162,32 @@ def test_every_service_may_write_its_own_start_up_keys_only(role: str) -> None:
     if role != "sim":  # the sim owns koi_sim
         for key in (ready_key(other), process_key(other, 0)):
             assert not _may_publish(role, permissions.kv_subject(subjects.KV_SIM, key)), key
+
+
+def test_nats_and_grpc_have_their_own_certificates_and_keys(tmp_path) -> None:
+    sec = init_security(tmp_path, sans=("nats", "planner-api"))
+    nats_key, grpc_key = sec.pki.server_key.read_bytes(), sec.grpc_key.read_bytes()
+    assert nats_key != grpc_key and sec.pki.server_cert.read_bytes() != sec.grpc_cert.read_bytes()
+    ca = x509.load_pem_x509_certificate(sec.pki.ca_cert.read_bytes())
+    for path in (sec.pki.server_cert, sec.grpc_cert):
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+        assert cert.issuer == ca.subject
+        cert.verify_directly_issued_by(ca)
+    # planner-api's directory holds nothing of NATS's: no NATS key, no password
+    for path in sec.grpc_dir.iterdir():
+        assert path.read_bytes() != nats_key
+        assert not any(p.encode() in path.read_bytes() for p in sec.passwords().values())
+
+
+def test_the_server_configuration_holds_bcrypt_hashes_not_passwords(tmp_path) -> None:
+    import bcrypt
+
+    sec = init_security(tmp_path)
+    conf = (tmp_path / "nats-auth.conf").read_text()
+    hashes = sec.password_hashes()
+    for role, password in sec.passwords().items():
+        assert password not in conf
+        assert hashes[role] in conf and hashes[role].startswith("$2a$")
+        assert bcrypt.checkpw(password.encode(), hashes[role].encode())
+        assert stat.S_IMODE(sec.hash_file(role).stat().st_mode) == 0o600
+    assert init_security(tmp_path).password_hashes() == hashes  # not re-hashed
