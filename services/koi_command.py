@@ -141,9 +141,12 @@ def demo(
     telemetry: Annotated[str, Opt(help="bus: the sim publishes telemetry; http: it serves "
                                        "engine /metrics pages that engine-metrics reads.")
                          ] = "bus",
+    rlm: Annotated[bool, Opt(help="Hypothesis rounds by a language model: the one at "
+                                  "KOI_RLM_BASE_URL, else the embedded llama-server "
+                                  "(make lm).")] = True,
 ) -> None:
     """Run every service on an embedded NATS against a simulated fleet and show what the
-    planner does (live progress, events, then the run's metrics)."""
+    planner does (live progress, events, hypothesis rounds, then the run's metrics)."""
     if predictor:
         from koi.cli.reports import demo_report
 
@@ -155,7 +158,8 @@ def demo(
         raise typer.BadParameter("bus or http", param_hint="--telemetry")
     horizon = 3600.0 if fast and horizon_s is None else horizon_s
     raise typer.Exit(run_demo(scenario=scenario, seed=seed, horizon_s=horizon,
-                              timeout_s=timeout_s, console=console, telemetry=telemetry))
+                              timeout_s=timeout_s, console=console, telemetry=telemetry,
+                              rlm=rlm))
 
 
 @app.command()
