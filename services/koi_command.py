@@ -295,3 +295,32 @@ def settings(
 
 if __name__ == "__main__":
     app()
+
+
+@app.command("serve-model")
+def serve_model(
+    model: Annotated[str, Opt(help="A model `make lm` set up (default: KOI_LM_MODEL or "
+                                   "SmolLM2-135M-Instruct.Q4_1).")] = "",
+    port: Annotated[int, Opt(help="Port (0: any free one).", min=0, max=65535)] = 0,
+    threads: Annotated[int, Opt(help="CPU threads.", min=1, max=256)] = 2,
+) -> None:
+    """Run the embedded llama-server until interrupted and print the KOI_RLM_* lines that
+    point Koi at it (koi bench --policies koi-rlm, the services)."""
+    import signal
+    import threading
+
+    from services.runtime.embedded import EmbeddedServerError
+    from services.runtime.lm import model_env, start_model
+
+    try:
+        served = start_model(model, threads=threads, port=port or None)
+    except EmbeddedServerError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2) from None
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with served:
+        for name, value in sorted(model_env(served, {}).items()):
+            print(f"export {name}={value}", flush=True)
+        stop.wait()

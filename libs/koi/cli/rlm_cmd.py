@@ -192,6 +192,9 @@ def stats(
                   + (f"; mean {total['mean_prompt_tokens']:.0f} tokens in, "
                      f"{total['mean_completion_tokens']:.0f} out, "
                      f"{total['mean_seconds']:.1f} s a round" if total["ok"] else ""))
+    if total["accepted_copies_of_the_example"]:
+        console.print(f"  {total['accepted_copies_of_the_example']} of the valid ones repeat"
+                      " the prompt's worked example")
     for reason, n in total["drop_reasons"].items():
         console.print(f"  dropped {n}×: {escape(reason)}")
     for reason, n in total["failures"].items():

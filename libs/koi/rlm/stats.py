@@ -3,7 +3,8 @@
 ``round_row(transcript)`` reads one round's transcript (its ``round_start`` and
 ``round_end`` records, as ``koi-rlm`` and the proposer write them) into a ``RoundRow``:
 model, tick, ok or the reason it failed, tokens in and out, model seconds, calls,
-hypotheses proposed and accepted, and the reasons of the dropped ones. ``summary(rows)``
+hypotheses proposed and accepted (and how many accepted ones only repeat the compact
+prompt's worked example), and the reasons of the dropped ones. ``summary(rows)``
 adds them up: rounds, failures, the validity rate (accepted / proposed, over all
 rounds), mean tokens and seconds, and the drop reasons by how often they came. Behind
 ``koi rlm stats``. Pure: the caller reads the files.
@@ -16,7 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from koi.rlm.compact import EXAMPLE_ANSWER
 from koi.rlm.transcript import Transcript
+
+EXAMPLE_STATEMENT = EXAMPLE_ANSWER["hypotheses"][0]["statement"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class RoundRow:
     proposed: int
     accepted: int
     drop_reasons: tuple[str, ...]
+    copies: int = 0   # accepted ones that repeat the compact prompt's worked example
 
     @property
     def decode_tok_s(self) -> float | None:
@@ -58,7 +63,9 @@ def round_row(transcript: Transcript) -> RoundRow | None:
         completion_tokens=int(spend.get("completion_tokens", 0)),
         seconds=float(spend.get("seconds", 0.0)), calls=int(spend.get("calls", 0)),
         proposed=accepted + len(dropped), accepted=accepted,
-        drop_reasons=tuple(str(d.get("reason", "")) for d in dropped))
+        drop_reasons=tuple(str(d.get("reason", "")) for d in dropped),
+        copies=sum(1 for h in end.get("hypotheses") or []
+                   if isinstance(h, dict) and h.get("statement") == EXAMPLE_STATEMENT))
 
 
 def _reason_kind(reason: str) -> str:
@@ -83,6 +90,7 @@ def summary(rows: Sequence[RoundRow]) -> dict[str, Any]:
             "proposed": proposed, "accepted": accepted,
             "validity": accepted / proposed if proposed else None,
             "rounds_with_a_valid_hypothesis": sum(1 for r in rows if r.accepted),
+            "accepted_copies_of_the_example": sum(r.copies for r in rows),
             "mean_prompt_tokens": mean([r.prompt_tokens for r in ok]),
             "mean_completion_tokens": mean([r.completion_tokens for r in ok]),
             "mean_seconds": mean([r.seconds for r in ok]),
