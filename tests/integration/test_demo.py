@@ -68,7 +68,7 @@ def test_demo_runs_everything_and_stops_it(tmp_path):
            if k not in ("KOI_NATS_URL", "KOI_REDIS_URL") and not k.startswith("KOI_RLM_")}
     keep = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "services.koi_command", "demo", "--horizon-s",
-                             "300", "--timeout-s", "300", "--keep", str(keep)], env=env,
+                             "300", "--timeout-s", "300", "--keep", str(keep), "--no-rlm"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: set[str] = set()
     stop = threading.Event()
@@ -87,7 +87,7 @@ def test_demo_runs_everything_and_stops_it(tmp_path):
     assert proc.returncode == 0, out[-3000:]
     assert "embedded NATS with JetStream" in out and "embedded valkey" in out
     assert "overall score" in out and "5 ticks" in out
-    assert "hypothesis rounds" not in out
+    assert "hypothesis layer off (--no-rlm)" in out and "hypothesis rounds" not in out
     assert not _koi_processes() - before, "the demo left processes running"
 
     secrets = _secrets_of(keep / "secrets")

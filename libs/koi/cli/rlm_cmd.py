@@ -95,6 +95,13 @@ def replay(
             console.print(f"      test {escape(t)}")
     for d in s["dropped"]:
         console.print(f"  dropped #{d['index']}: {escape(d['reason'])}")
+    spent = rec.recorded_end.get("spend") or {}
+    if spent:
+        proposed = len(s["accepted"]) + len(s["dropped"])
+        console.print(f"  recorded: {spent.get('prompt_tokens', 0)} tokens in, "
+                      f"{spent.get('completion_tokens', 0)} out, "
+                      f"{spent.get('seconds', 0):.1f} s, {spent.get('calls', 0)} calls; "
+                      f"{len(s['accepted'])} of {proposed} valid")
     console.print("same hypotheses as recorded" if same else
                   "[red]differs from the recorded round[/]")
     raise typer.Exit(0 if same else 1)
@@ -143,3 +150,52 @@ def serve_replay(
                 served = server.calls
                 console.print(f"answered {served} request(s)")
     console.print(f"stopped after {server.calls} request(s)")
+
+
+@rlm_app.command("stats")
+def stats(
+    paths: Annotated[list[Path], typer.Argument(
+        help="Round transcripts, or directories of them (searched for *.jsonl).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Per round and in all: tokens in and out, model seconds, hypotheses proposed and
+    accepted (the validity rate), and why the dropped ones were dropped."""
+    from koi.rlm.stats import round_row, summary
+    from koi.rlm.transcript import Transcript
+
+    console = Console(highlight=False)
+    files = sorted({f for p in paths for f in (p.rglob("*.jsonl") if p.is_dir() else [p])})
+    rows = []
+    for f in files:
+        try:
+            row = round_row(Transcript.from_jsonl(f.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as err:
+            console.print(f"[red]error:[/] {escape(str(f))}: {escape(str(err))}")
+            raise typer.Exit(2) from None
+        if row is not None:
+            rows.append(row)
+    total = summary(rows)
+    if as_json:
+        print(json.dumps({"rounds": [{**r.__dict__, "drop_reasons": list(r.drop_reasons)}
+                                     for r in rows], "summary": total}))
+        return
+    for r in rows:
+        state = "ok" if r.ok else f"failed: {r.reason}"
+        console.print(f"{escape(r.round_id)} ({escape(r.model)}, tick {r.tick}): "
+                      f"{r.prompt_tokens} tokens in, {r.completion_tokens} out, "
+                      f"{r.seconds:.1f} s, {r.calls} calls; {r.accepted} of {r.proposed} "
+                      f"valid; {escape(state)}")
+    v = total["validity"]
+    console.print(f"{total['rounds']} rounds, {total['ok']} ok; {total['accepted']} of "
+                  f"{total['proposed']} hypotheses valid"
+                  + (f" ({100 * v:.0f} %)" if v is not None else "")
+                  + (f"; mean {total['mean_prompt_tokens']:.0f} tokens in, "
+                     f"{total['mean_completion_tokens']:.0f} out, "
+                     f"{total['mean_seconds']:.1f} s a round" if total["ok"] else ""))
+    if total["accepted_copies_of_the_example"]:
+        console.print(f"  {total['accepted_copies_of_the_example']} of the valid ones repeat"
+                      " the prompt's worked example")
+    for reason, n in total["drop_reasons"].items():
+        console.print(f"  dropped {n}×: {escape(reason)}")
+    for reason, n in total["failures"].items():
+        console.print(f"  failed {n}×: {escape(reason)}")

@@ -155,8 +155,10 @@ class ChatClient:
     """The HTTP side. One per process: the hour's budget and the cache live here."""
 
     def __init__(self, settings: RlmSettings, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.settings = settings
+        self._sleep = sleep
         self.model = settings.model
         self.clock = clock
         self.total = Spend()
@@ -226,19 +228,11 @@ class ChatClient:
         if why is not None:
             log.warning("rlm_call_refused", depth=request.depth, reason=why)
             return RoundFailed(why)
-        timeout = max(min(self.settings.call_timeout_s, budget.deadline - self.clock()), 0.01)
-        start = self.clock()
-        outcome = self._call_with_deadline(request, timeout)
-        seconds = self.clock() - start
-        reply = outcome if isinstance(outcome, RoundFailed) \
-            else _reply(outcome, seconds, request)
-        self._account(reply, budget, seconds)
+        reply = self._attempts(request, budget)
         if isinstance(reply, RoundFailed):
-            log.warning("rlm_call_failed", depth=request.depth, reason=reply.reason,
-                        seconds=round(seconds, 3))
             return reply
         log.info("rlm_call", depth=request.depth, prompt_tokens=reply.prompt_tokens,
-                 completion_tokens=reply.completion_tokens, seconds=round(seconds, 3),
+                 completion_tokens=reply.completion_tokens, seconds=round(reply.seconds, 3),
                  tool_calls=len(reply.tool_calls))
         if self.settings.cache_entries > 0:
             with self._lock:
@@ -246,6 +240,32 @@ class ChatClient:
                 while len(self._cache) > self.settings.cache_entries:
                     self._cache.popitem(last=False)
         return reply
+
+    def _attempts(self, request: ChatRequest, budget: RoundBudget) -> ChatReply | RoundFailed:
+        """The call, retried after an HTTP 5xx or a refused connection (a small local
+        server answers 500 while it is busy or still loading) with doubling waits, while
+        the round's wall time and call budget allow. Each attempt is accounted."""
+        wait = self.settings.retry_backoff_s
+        for attempt in range(self.settings.retries + 1):
+            timeout = max(min(self.settings.call_timeout_s, budget.deadline - self.clock()),
+                          0.01)
+            start = self.clock()
+            outcome = self._call_with_deadline(request, timeout)
+            seconds = self.clock() - start
+            reply = outcome if isinstance(outcome, RoundFailed) \
+                else _reply(outcome, seconds, request)
+            self._account(reply, budget, seconds)
+            if not isinstance(reply, RoundFailed):
+                return reply
+            log.warning("rlm_call_failed", depth=request.depth, reason=reply.reason,
+                        seconds=round(seconds, 3), attempt=attempt + 1)
+            last = attempt == self.settings.retries
+            if last or not retriable(reply) or budget.spent.calls >= budget.max_calls \
+                    or self.clock() + wait >= budget.deadline:
+                return reply
+            self._sleep(wait)
+            wait *= 2
+        raise AssertionError("unreachable")
 
     def _account(self, reply: ChatReply | RoundFailed, budget: RoundBudget,
                  seconds: float) -> None:
@@ -311,6 +331,13 @@ class ChatClient:
             return RoundFailed("malformed response: the body is not JSON")
         return body if isinstance(body, dict) else RoundFailed("malformed response: not an"
                                                                " object")
+
+
+def retriable(failure: RoundFailed) -> bool:
+    """Whether a failed call is worth trying again: the server erred (5xx) or was not
+    reachable; a timeout is not (the next would take as long), nor a 4xx."""
+    r = failure.reason
+    return r.startswith("HTTP 5") or r == "cannot connect to the model server"
 
 
 def _failure(err: BaseException, timeout: float) -> RoundFailed:

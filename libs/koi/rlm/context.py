@@ -36,6 +36,9 @@ MAX_MECHANISMS = 16
 MAX_EVENTS = 20
 # what goes first when the document is too long (least important first)
 TRIM_ORDER = ("events", "residuals", "mechanisms", "fleet", "jobs")
+# a small budget keeps the evidence (residuals) over the price list: the compact answer
+# schema names the fleet's accelerators anyway
+COMPACT_TRIM_ORDER = ("events", "mechanisms", "fleet", "residuals", "jobs")
 
 
 @dataclass(frozen=True)
@@ -189,7 +192,8 @@ def _residuals(beliefs: BeliefStore | None, calibrator: DroCalibrator | None,
 def build_context(snapshot: ClusterSnapshot, catalog: Catalog, *,
                   beliefs: BeliefStore | None = None, calibrator: DroCalibrator | None = None,
                   events: Sequence[str] = (), job_ids: Collection[str] | None = None,
-                  max_chars: int = 24_000) -> FleetContext:
+                  max_chars: int = 24_000,
+                  trim_order: Sequence[str] = TRIM_ORDER) -> FleetContext:
     """The context of ``snapshot`` (only ``job_ids``' jobs when given), at most
     ``max_chars`` characters of JSON."""
     wanted = None if job_ids is None else set(job_ids)
@@ -212,7 +216,7 @@ def build_context(snapshot: ClusterSnapshot, catalog: Catalog, *,
     }
     dropped = {"jobs": max(len(jobs) - MAX_JOBS, 0)} if len(jobs) > MAX_JOBS else {}
     text = quote_data(data)
-    for name in TRIM_ORDER:
+    for name in trim_order:
         items = data[name]
         while len(text) > max_chars and items:
             # events drop oldest first, the rest from the end (least important)

@@ -29,17 +29,15 @@ from koi.catalog import Catalog
 from koi.cluster import ClusterSnapshot, JobStatus
 from koi.planner.tick import KoiState, active_jobs
 from koi.rlm.client import ChatPort, ChatRequest, RoundBudget, RoundFailed, Spend, ToolCall
-from koi.rlm.context import FleetContext, build_context
+from koi.rlm.compact import context_chars, root_format, root_system_prompt, root_tools
+from koi.rlm.context import COMPACT_TRIM_ORDER, TRIM_ORDER, FleetContext, build_context
 from koi.rlm.hypothesis import Dropped, Hypothesis, SearchSpace, accept
 from koi.rlm.jsontext import extract_json, quote_data
 from koi.rlm.prompts import (
     QUESTION_CLOSE,
     QUESTION_OPEN,
     REPAIR_PROMPT,
-    RESPONSE_FORMAT,
-    ROOT_SYSTEM_PROMPT,
     ROOT_TASK,
-    ROOT_TOOLS,
     SUB_SYSTEM_PROMPT,
     SUB_TASK,
     SUB_TOOLS,
@@ -68,24 +66,33 @@ class RoundInputs:
     jobs: Mapping[str, JobStatus]
     space: SearchSpace
     subcontext: Callable[[Sequence[str]], FleetContext]
+    system: str                                 # the root's system prompt
+    tools: tuple[Mapping[str, Any], ...]        # the root's tools (none: one call)
+    response_format: Mapping[str, Any] | None   # the root's answer schema
 
     @staticmethod
     def of(snapshot: ClusterSnapshot, catalog: Catalog, state: KoiState,
            settings: RlmSettings, *, events: Sequence[str] = (),
            round_id: str = "") -> RoundInputs:
         """The inputs of a round at ``snapshot`` over the planner's ``state``."""
+        order = COMPACT_TRIM_ORDER if settings.prompt == "compact" else TRIM_ORDER
+
         def context(job_ids: Sequence[str] | None, max_chars: int) -> FleetContext:
             return build_context(snapshot, catalog, beliefs=state.beliefs,
                                  calibrator=state.calibrator, events=events,
-                                 job_ids=job_ids, max_chars=max_chars)
+                                 job_ids=job_ids, max_chars=max_chars, trim_order=order)
 
-        root = context(None, settings.context_max_chars)
+        budget = context_chars(settings)
+        root = context(None, budget)
+        jobs = {j.id: j for j in active_jobs(snapshot)}
+        space = SearchSpace.of(snapshot, catalog, state.beliefs.mechanisms)
         return RoundInputs(
             round_id=round_id or f"r{snapshot.tick}-{root.sha[:8]}", tick=snapshot.tick,
-            context=root, catalog=catalog,
-            jobs={j.id: j for j in active_jobs(snapshot)},
-            space=SearchSpace.of(snapshot, catalog, state.beliefs.mechanisms),
-            subcontext=lambda ids: context(ids, max(settings.context_max_chars // 2, 2000)))
+            context=root, catalog=catalog, jobs=jobs, space=space,
+            subcontext=lambda ids: context(ids, max(budget // 2, 2000)),
+            system=root_system_prompt(settings), tools=tuple(root_tools(settings)),
+            response_format=root_format(settings, accelerators=space.accelerators,
+                                        job_ids=jobs, tick=snapshot.tick))
 
 
 @dataclass(frozen=True)
@@ -179,15 +186,16 @@ class _Round:
         task = ROOT_TASK.format(tick=self.inputs.tick,
                                 max_hypotheses=self.settings.max_hypotheses,
                                 data=self.inputs.context.block)
-        messages = [{"role": "system", "content": ROOT_SYSTEM_PROMPT},
+        messages = [{"role": "system", "content": self.inputs.system},
                     {"role": "user", "content": task}]
-        answer, msgs = self.converse(messages, ROOT_TOOLS, RESPONSE_FORMAT, 0)
+        answer, msgs = self.converse(messages, self.inputs.tools,
+                                     self.inputs.response_format, 0)
         parsed = extract_json(answer)
         if parsed is None:
             self.transcript.add("repair", reason="the answer is not JSON")
             msgs += [{"role": "assistant", "content": answer},
                      {"role": "user", "content": REPAIR_PROMPT}]
-            answer, _ = self.converse(msgs, (), RESPONSE_FORMAT, 0)
+            answer, _ = self.converse(msgs, (), self.inputs.response_format, 0)
             parsed = extract_json(answer)
         if parsed is None:
             raise _Abort("the answer is not JSON (after one repair request)")

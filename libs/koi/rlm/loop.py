@@ -113,6 +113,20 @@ class RoundOutcome:
     spend: Spend = field(default_factory=Spend)
     triggers: tuple[str, ...] = ()
 
+    @property
+    def proposed(self) -> int:
+        """Hypotheses the model wrote (accepted and dropped)."""
+        return len(self.hypotheses) + len(self.dropped)
+
+    def measures(self) -> dict[str, str]:
+        """The round's figures as event attributes: tokens in and out, model seconds,
+        calls, dollars, hypotheses proposed and accepted (validity = accepted/proposed)."""
+        s = self.spend
+        return {"prompt_tokens": str(s.prompt_tokens),
+                "completion_tokens": str(s.completion_tokens), "tokens": str(s.tokens),
+                "seconds": f"{s.seconds:.1f}", "calls": str(s.calls), "usd": f"{s.usd:.6f}",
+                "proposed": str(self.proposed), "accepted": str(len(self.hypotheses))}
+
     @staticmethod
     def of(result: RoundResult, *, model: str, enters_tick: int,
            triggers: Sequence[str] = ()) -> RoundOutcome:
@@ -201,13 +215,16 @@ def round_events(outcome: RoundOutcome) -> list[EventSpec]:
     dropped hypothesis."""
     o, s = outcome, outcome.spend
     rid = o.round_id
-    cost = f"{s.tokens} tokens, ${s.usd:.4f}, {s.calls} calls"
+    cost = (f"{s.prompt_tokens} tokens in, {s.completion_tokens} out, {s.seconds:.1f} s,"
+            f" ${s.usd:.4f}, {s.calls} calls")
     attrs = {"round": rid, "round_tick": str(o.round_tick), "enters_tick": str(o.enters_tick),
-             "tokens": str(s.tokens), "usd": f"{s.usd:.6f}", "calls": str(s.calls)}
+             **o.measures()}
     if o.ok:
         head = EventSpec("rlm_round", "info", printable(
             f"hypothesis round {rid} (tick {o.round_tick}) finished: {len(o.hypotheses)}"
-            f" accepted, {len(o.dropped)} dropped; {cost}; enters tick {o.enters_tick}",
+            f" accepted, {len(o.dropped)} dropped ({len(o.hypotheses)} of {o.proposed}"
+            f" valid); {cost};"
+            f" enters tick {o.enters_tick}",
             MESSAGE_CHARS), f"{rid}:finished", attributes={**attrs, "phase": "finished"})
     else:
         head = EventSpec("rlm_round", "warning", printable(

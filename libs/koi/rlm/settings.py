@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
@@ -36,6 +36,19 @@ class RlmSettings(BaseModel):
                                     "response_format json_schema (off for servers without it;"
                                     " the tolerant parser reads plain text either way).")
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="Sampling temperature.")
+    prompt: Literal["full", "compact"] = Field(
+        "full", description="The root's instructions: 'full' (the causal graph, the tools, "
+                            "every rule) or 'compact' (a few hundred tokens with one worked "
+                            "example, and an answer schema that lists the fleet's own "
+                            "accelerators and jobs: for a small model).")
+    tools: bool = Field(True, description="Offer the tools to the root model (off: one call "
+                                          "per round and no tool schemas in the prompt, "
+                                          "~700 tokens saved).")
+    retries: int = Field(2, ge=0, le=10, description="Retries of a call that met an HTTP "
+                                                     "5xx or a refused connection.")
+    retry_backoff_s: float = Field(1.0, ge=0.0, le=60.0,
+                                   description="Wait before the first retry; doubled each "
+                                               "time (within the round's wall time).")
     # --- budgets ----------------------------------------------------------------------
     call_timeout_s: float = Field(60.0, gt=0.0, le=600.0,
                                   description="Wall-clock limit of one HTTP call.")
@@ -44,6 +57,11 @@ class RlmSettings(BaseModel):
                                             "and sub-models included.")
     max_completion_tokens: int = Field(2048, ge=16, le=65536,
                                        description="Completion tokens one call may produce.")
+    prompt_max_tokens: int = Field(12_000, ge=512, le=1_000_000,
+                                   description="Tokens the root's prompt may hold (system, "
+                                               "tools, task and fleet context, estimated at "
+                                               "3 characters a token): the fleet context "
+                                               "gets what the rest leaves.")
     max_tokens_per_call: int = Field(32_000, ge=256, le=2_000_000,
                                      description="Prompt + completion tokens of one call.")
     max_tokens_per_round: int = Field(120_000, ge=256, le=10_000_000,
@@ -138,6 +156,15 @@ class RlmSettings(BaseModel):
             return RlmSettings(**values)
         except ValidationError as err:
             raise ValueError(_env_errors(err)) from None
+
+
+# What a small model on a few CPU cores needs (the embedded default, docs/RLM.md §11):
+# one short call per round, a prompt of ~1,200 tokens, a bounded answer, a patient
+# timeout. The embedded launcher applies these where the environment sets nothing.
+SMALL_MODEL_PROFILE: dict[str, str] = {
+    "prompt": "compact", "tools": "false", "prompt_max_tokens": "1200",
+    "max_completion_tokens": "384", "max_hypotheses": "2", "call_timeout_s": "150",
+    "round_wall_s": "300", "max_calls_per_round": "3"}
 
 
 class ModelEndpointMissing(ValueError):
