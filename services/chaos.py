@@ -11,10 +11,14 @@ the bus at tick 2, injects one fault at tick 4, and checks the promises every ca
 * the cause is visible in the event log (the event kinds the case names appear after the
   fault);
 * recovery within N ticks (after the fault clears, a tick placed from a fresh plan comes
-  within ``recover_ticks``).
+  within ``recover_ticks``);
+* no tick applied twice (the tick stream holds at most one ``actions`` message a tick).
 
 Faults: ``kill -9`` of each service (its supervisor restarts it), of NATS (restarted on
-the same port and store) and of valkey (not restarted); a network partition of one
+the same port and store) and of valkey (not restarted); with two replicas each of
+proposer, evaluator and placer, ``kill -9`` of the placer holding the lease and of one
+replica of the proposer and of the evaluator, mid-tick (no tick lost, none applied
+twice: each tick's actions are stored once); a network partition of one
 service from NATS and a slow link, both through a loopback TCP proxy
 (``services/runtime/proxy.py``); forged messages (a plan's actions, the placer lease, an
 accepted job and far-future observations, each sent by a user who may not send it, and
@@ -76,6 +80,7 @@ class Faults:
     proxy: TcpProxy | None
     cleared_at: int = -1          # tick at which the fault was over
     forged: dict[str, bool] = field(default_factory=dict)   # forgery -> refused
+    killed: str = ""              # which process a kill took, when it had to be found
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ class Case:
     cause_kinds: tuple[str, ...] = ()     # event kinds that must say what happened
     recover_ticks: int = 3
     proxied: str = ""                     # service whose NATS link goes through a proxy
+    replicas: tuple[tuple[str, int], ...] = ()   # (service, processes) beyond one each
 
 
 @dataclass
@@ -106,13 +112,15 @@ class Outcome:
     forged_refused: dict[str, bool] = field(default_factory=dict)
     error: str = ""
     notes: list[str] = field(default_factory=list)
+    applied_twice: list[int] = field(default_factory=list)  # ticks with > 1 actions stored
+    ticks_with_actions: int = 0                             # ticks with any stored
 
     @property
     def kept(self) -> bool:
         return (self.completed and self.job_acked and self.job_kept
                 and not self.over_capacity_ticks and self.cause_visible
                 and self.recovered_in is not None and not self.error
-                and all(self.forged_refused.values()))
+                and all(self.forged_refused.values()) and not self.applied_twice)
 
 
 # --- faults ---------------------------------------------------------------------------
@@ -121,6 +129,30 @@ def _kill(service: str) -> Callable[[Faults, int], None]:
         f.sup.kill(service)
         f.cleared_at = tick
     return inject
+
+
+def _kill_placer_leader(f: Faults, tick: int) -> None:
+    """kill -9 of the placer replica that holds the lease (its pid is in the holder)."""
+    pid = asyncio.run(_placer_leader_pid(f.nats))
+    leader = next((c for c in f.sup.children
+                   if c.service == "placer" and c.proc is not None and c.proc.pid == pid), None)
+    if leader is None:
+        raise RuntimeError(f"no placer process holds the lease (holder pid {pid})")
+    f.sup.kill("placer", leader.replica)
+    f.killed = f"placer-{leader.replica} (pid {pid}, the leader)"
+    f.cleared_at = tick
+
+
+async def _placer_leader_pid(server: EmbeddedServer) -> int:
+    """The pid in the placer lease's holder (``placer-<host>-<pid>-<nonce>``)."""
+    nc = await connect_nats(server.url, server.security.auth(ADMIN), connect_timeout=5)
+    try:
+        kv = await nc.jetstream().key_value(subjects.KV_LEASES)
+        entry = await kv.get(subjects.KEY_PLACER_LEASE)
+        holder = str(json.loads(entry.value or b"{}")["holder"])
+    finally:
+        await nc.close()
+    return int(holder.rsplit("-", 2)[1])
 
 
 def _kill_nats(f: Faults, tick: int) -> None:
@@ -215,6 +247,8 @@ async def _refused(server: EmbeddedServer, role: str, subject: str, data: bytes)
 
 SERVICES = ("sim", "telemetry-ingest", "causal-store", "proposer", "evaluator", "placer",
             "planner-api")
+# the stateless stages and the leader-elected placer, two processes each (queue groups)
+REPLICATED: tuple[tuple[str, int], ...] = (("proposer", 2), ("evaluator", 2), ("placer", 2))
 
 CASES: tuple[Case, ...] = (
     *(Case(f"kill-{s}", f"kill -9 of {s}: restarted, the run goes on, nothing lost",
@@ -234,6 +268,14 @@ CASES: tuple[Case, ...] = (
     Case("slow-telemetry-ingest", "telemetry-ingest on a 50 ms, 256 kB/s link for 30 s: "
          "slower ticks, never a stopped one", _slow(30.0, 0.05, 256_000),
          proxied="telemetry-ingest"),
+    Case("replicas-kill-placer-leader", "two replicas of proposer, evaluator and placer; "
+         "kill -9 of the placer holding the lease mid-tick: the standby takes over, no "
+         "tick lost or applied twice, nothing lost", _kill_placer_leader,
+         cause_kinds=("service",), replicas=REPLICATED),
+    *(Case(f"replicas-kill-{s}", f"two replicas of proposer, evaluator and placer; kill -9 "
+           f"of one {s} mid-tick: its twin takes the work, no tick lost or applied twice",
+           _kill(s), cause_kinds=("service",), replicas=REPLICATED)
+      for s in ("proposer", "evaluator")),
     Case("forged-messages", "forged actions, placer lease, accepted job and observations "
          "refused by the server; far-future observations from a permitted user refused by "
          "the causal store with an event; the run goes on, nothing lost", _forge,
@@ -242,7 +284,12 @@ CASES: tuple[Case, ...] = (
 
 
 # --- one case -------------------------------------------------------------------------
-def run_case(case: Case, work: Path, timeout_s: float = 420.0) -> Outcome:
+def run_case(case: Case, work: Path, timeout_s: float = 420.0, ticks: int = TICKS
+             ) -> Outcome:
+    """One case over ``ticks`` ticks (the fault at ``FAULT_TICK``; the suite's test may
+    run fewer than ``make chaos``)."""
+    if ticks <= FAULT_TICK + 2:
+        raise ValueError(f"ticks must leave room after the fault at tick {FAULT_TICK}")
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with start_nats(store_dir=work / "js", secure=True) as server, \
@@ -261,7 +308,8 @@ def run_case(case: Case, work: Path, timeout_s: float = 420.0) -> Outcome:
                 faults.append(f)
                 case.inject(f, tick)
 
-        run = BusRun(server.url, work / "logs", SCENARIO, 1, HORIZON_S, cache.url,
+        run = BusRun(server.url, work / "logs", SCENARIO, 1, HORIZON_S * ticks / TICKS,
+                     cache.url, replicas=dict(case.replicas),
                      extra_env={"KOI_STAGE_DEADLINE_S": f"{STAGE_DEADLINE_S:g}"},
                      timeout_s=timeout_s, service_env=service_env,
                      security=server.security)
@@ -271,7 +319,7 @@ def run_case(case: Case, work: Path, timeout_s: float = 420.0) -> Outcome:
             return Outcome(case.name, case.promise, False, 0, bool(acks and acks[0].accepted),
                            False, [], [], None, {}, False, {}, time.perf_counter() - t0,
                            error=f"{type(exc).__name__}: {exc}"[:300])
-        snaps, events = asyncio.run(_read_back(server))
+        snaps, events, actions = asyncio.run(_read_back(server, ticks))
     wall = time.perf_counter() - t0
     cleared = faults[0].cleared_at if faults else FAULT_TICK
     degraded = sorted(n for n, d in result.decisions.items() if "degraded" in d.notes)
@@ -280,14 +328,17 @@ def run_case(case: Case, work: Path, timeout_s: float = 420.0) -> Outcome:
              for k in case.cause_kinds}
     return Outcome(
         case=case.name, promise=case.promise,
-        completed=result.summary.ticks == TICKS, ticks=result.summary.ticks,
+        completed=result.summary.ticks == ticks, ticks=result.summary.ticks,
         job_acked=bool(acks and acks[0].accepted),
         job_kept=SUBMITTED_ID in result.summary.submitted_jobs,
         over_capacity_ticks=over_capacity(snaps), degraded_ticks=degraded,
-        recovered_in=recovery(degraded, cleared, TICKS, case.recover_ticks),
+        recovered_in=recovery(degraded, cleared, ticks, case.recover_ticks),
         cause_events=kinds, cause_visible=all(kinds.values()),
         restarts={k: v for k, v in result.restarts.items() if v}, wall_s=round(wall, 1),
-        forged_refused=faults[0].forged if faults else {})
+        forged_refused=faults[0].forged if faults else {},
+        applied_twice=sorted(n for n, count in actions.items() if count > 1),
+        ticks_with_actions=len(actions),
+        notes=[f"killed {faults[0].killed}"] if faults and faults[0].killed else [])
 
 
 def over_capacity(snaps: dict[int, object]) -> list[int]:
@@ -341,14 +392,18 @@ def _submit(server: EmbeddedServer) -> jobs_pb2.JobAck:
     return asyncio.run(go())
 
 
-async def _read_back(server: EmbeddedServer
-                     ) -> tuple[dict[int, object], list[events_pb2.OperatorEvent]]:
+async def _read_back(server: EmbeddedServer, ticks: int = TICKS
+                     ) -> tuple[dict[int, object], list[events_pb2.OperatorEvent],
+                                dict[int, int]]:
+    """Each tick's snapshot, every operator event, and how many ``actions`` messages the
+    tick stream stores for each tick (one: applied once)."""
     nc = await connect_nats(server.url, server.security.auth(ADMIN), connect_timeout=10)
     js = nc.jetstream()
     snaps: dict[int, object] = {}
     events: list[events_pb2.OperatorEvent] = []
+    actions: dict[int, int] = {}
     try:
-        for n in range(TICKS + 1):
+        for n in range(ticks + 1):
             with contextlib.suppress(Exception):
                 msg = await js.get_last_msg(subjects.STREAM_TICKS,
                                             subjects.tick_subject(n, "snapshot"))
@@ -361,9 +416,17 @@ async def _read_back(server: EmbeddedServer
                 break
             with contextlib.suppress(Exception):
                 events.append(events_pb2.OperatorEvent.FromString(msg.data))
+        sub = await js.subscribe(subjects.tick_filter("actions"), ordered_consumer=True)
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=1.0)
+            except Exception:
+                break
+            n = subjects.tick_of(msg.subject)
+            actions[n] = actions.get(n, 0) + 1
     finally:
         await nc.close()
-    return snaps, events
+    return snaps, events, actions
 
 
 # --- the suite ------------------------------------------------------------------------
@@ -398,11 +461,14 @@ def main(argv: list[str] | None = None) -> int:
 def _summary(o: Outcome) -> str:
     if o.error:
         return o.error
-    return (f"ticks {o.ticks}/{TICKS}, job acked {o.job_acked} kept {o.job_kept}, "
+    return (f"ticks {o.ticks}, job acked {o.job_acked} kept {o.job_kept}, "
             f"over capacity {o.over_capacity_ticks or 'none'}, "
             f"degraded {o.degraded_ticks or 'none'}, recovered in {o.recovered_in}, "
             f"cause {o.cause_events or '-'}, restarts {o.restarts or '-'}, "
             + (f"forged refused {o.forged_refused}, " if o.forged_refused else "")
+            + f"actions stored for {o.ticks_with_actions} ticks"
+            + (f" (twice: {o.applied_twice}), " if o.applied_twice else ", ")
+            + "".join(f"{n}, " for n in o.notes)
             + f"{o.wall_s:.0f} s")
 
 
