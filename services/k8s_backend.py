@@ -28,8 +28,11 @@ from __future__ import annotations
 
 import json
 import math
+import socket
+import ssl
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -69,19 +72,117 @@ FIELD_MANAGER = "koi"
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 DRY_RUN_MODES = ("", "local", "server")
-TIMEOUT_S = 30.0
+# a request's (connect, read) timeouts and the connection retries, when the caller names
+# none: fail in seconds, not urllib3's default minutes (KOI_K8S_* override them)
+CONNECT_TIMEOUT_S = 3.0
+READ_TIMEOUT_S = 10.0
+RETRIES = 1
+
+
+@dataclass(frozen=True)
+class ClusterFailure:
+    """Why a request to the API server failed, in an operator's terms.
+
+    ``cause`` is one of ``refused`` (nothing listens there), ``dns`` (the host name does
+    not resolve), ``tls`` (the server's certificate is not trusted, or TLS failed),
+    ``timeout`` (no connection, or no answer, in time), ``auth`` (HTTP 401: the
+    credentials were refused), ``forbidden`` (HTTP 403: RBAC), ``http`` (any other
+    answer) or ``transport`` (anything else on the way); ``detail`` is the API's Status
+    message where it sent one; ``hint`` says what to check."""
+
+    cause: str
+    server: str
+    detail: str
+    hint: str
+
+    def line(self) -> str:
+        return f"{self.cause} at {self.server}: {self.detail} ({self.hint})"
+
+
+_HINTS = {
+    "refused": "is the API server, or kubectl proxy, running at that address?",
+    "dns": "check the server name in the kubeconfig or --kube-url",
+    "tls": "the kubeconfig's certificate-authority(-data) must be the CA that signed "
+           "the server's certificate",
+    "timeout": "the server did not connect or answer in time: KOI_K8S_CONNECT_TIMEOUT_S, "
+               "KOI_K8S_READ_TIMEOUT_S",
+    "auth": "the credentials were refused: refresh the kubeconfig's token or client "
+            "certificate",
+    "forbidden": "the user lacks a permission: grant the Role Koi needs (docs/FLEETS.md)",
+    "http": "the API server refused the request",
+    "transport": "the connection failed on the way",
+}
+
+
+def describe_failure(e: BaseException, server: str) -> ClusterFailure:
+    """``e`` (an ``ApiException`` or a urllib3 error, as the client raises them) as a
+    ``ClusterFailure`` naming its cause."""
+    if isinstance(e, ApiException):
+        try:
+            message = str(json.loads(e.body or "{}").get("message", ""))
+        except (ValueError, AttributeError):
+            message = ""
+        cause = {401: "auth", 403: "forbidden"}.get(e.status or 0, "http")
+        detail = f"HTTP {e.status} {e.reason or ''}".strip()
+        detail += f": {message or (e.body or '')[:300]}" if (message or e.body) else ""
+        return ClusterFailure(cause, server, detail[:500], _HINTS[cause])
+    inner: BaseException = e
+    if isinstance(e, urllib3.exceptions.MaxRetryError) and e.reason is not None:
+        inner = e.reason
+    cause, detail = _transport_cause(inner)
+    return ClusterFailure(cause, server, detail[:500], _HINTS[cause])
+
+
+def _transport_cause(e: BaseException) -> tuple[str, str]:
+    chain = [e]
+    while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+        nxt = chain[-1].__cause__ or chain[-1].__context__
+        if nxt is None or nxt in chain:
+            break
+        chain.append(nxt)
+    text = str(e) or type(e).__name__
+    if any(isinstance(x, (urllib3.exceptions.SSLError, ssl.SSLError)) for x in chain):
+        reason = next((x for x in chain if isinstance(x, ssl.SSLCertVerificationError)), None)
+        return "tls", (f"certificate not trusted: {reason.verify_message}"
+                       if reason is not None else f"TLS failed: {text}")
+    if any(isinstance(x, ConnectionRefusedError) or "Connection refused" in str(x)
+           for x in chain):
+        return "refused", "connection refused"
+    if any(isinstance(x, socket.gaierror) or "Name or service not known" in str(x)
+           or "nodename nor servname" in str(x) for x in chain):
+        return "dns", text
+    # urllib3's NewConnectionError subclasses ConnectTimeoutError: refusals are above
+    if any(isinstance(x, urllib3.exceptions.ReadTimeoutError) for x in chain):
+        return "timeout", "no answer in time: " + text
+    if any(isinstance(x, (urllib3.exceptions.ConnectTimeoutError, TimeoutError, socket.timeout))
+           for x in chain):
+        return "timeout", "no connection in time: " + text
+    return "transport", f"{type(e).__name__}: {text}"
 
 
 def api_client(url: str | None = None, *, kubeconfig: str | None = None,
-               context: str | None = None) -> k8s.ApiClient:
+               context: str | None = None, retries: int = RETRIES) -> k8s.ApiClient:
     """An API client for ``url`` (no credentials: a ``kubectl proxy`` or a test
-    stand-in), or from a kubeconfig (the default one when ``url`` is None)."""
+    stand-in), or from a kubeconfig (the default one when ``url`` is None). A refused
+    or timed-out connection is retried ``retries`` times (urllib3 would retry 3 times
+    with a back-off); an answer, or a TLS failure, never is."""
+    conf = k8s.Configuration()
     if url:
-        conf = k8s.Configuration(host=url.rstrip("/"))
-        return k8s.ApiClient(conf)
-    from kubernetes import config as kconfig
+        conf.host = url.rstrip("/")
+    else:
+        from kubernetes import config as kconfig
 
-    return kconfig.new_client_from_config(config_file=kubeconfig, context=context)
+        kconfig.load_kube_config(config_file=kubeconfig, context=context,
+                                 client_configuration=conf)
+    conf.retries = urllib3.util.Retry(total=retries, connect=retries, read=0, redirect=0,
+                                      status=0, other=0, backoff_factor=0.2,
+                                      raise_on_status=False)
+    return k8s.ApiClient(conf)
+
+
+def server_of(api: k8s.ApiClient) -> str:
+    """The API server's URL as the client dials it (never a credential: host only)."""
+    return str(api.configuration.host)
 
 
 class KubernetesBackend:
@@ -92,7 +193,8 @@ class KubernetesBackend:
                  fleet: Sequence[FleetEntry] = (), jobs: Sequence[JobSpec] = (),
                  dry_run: str = "", tick_s: float = 60.0, horizon_s: float = math.inf,
                  start_s: float | None = None, clock: Callable[[], float] = time.time,
-                 new_id: NewId | None = None) -> None:
+                 new_id: NewId | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                 read_timeout_s: float = READ_TIMEOUT_S) -> None:
         if dry_run not in DRY_RUN_MODES:
             raise ValueError(f"dry_run must be one of {DRY_RUN_MODES} (got {dry_run!r})")
         self.api = api
@@ -105,6 +207,7 @@ class KubernetesBackend:
         self.fleet = tuple(fleet)
         self.jobs = {j.id: j for j in jobs}
         self.dry_run = dry_run
+        self.timeout = (connect_timeout_s, read_timeout_s)  # urllib3's (connect, read)
         self.tick_s, self.horizon_s = tick_s, horizon_s
         self.clock = clock
         self.start_s = clock() if start_s is None else start_s
@@ -116,7 +219,7 @@ class KubernetesBackend:
 
     # --- reading ---------------------------------------------------------------------
     def _get(self, call: Callable[..., Any], *args: Any, **kw: Any) -> dict[str, Any]:
-        resp = call(*args, _preload_content=False, _request_timeout=TIMEOUT_S, **kw)
+        resp = call(*args, _preload_content=False, _request_timeout=self.timeout, **kw)
         return json.loads(resp.data or b"{}")
 
     def list_running(self) -> list[Running]:
@@ -175,7 +278,7 @@ class KubernetesBackend:
         try:
             plan = self.plan(decision)
         except (ApiException, urllib3.exceptions.HTTPError) as e:
-            reason = f"cannot read the cluster: {_api_error(e)}"
+            reason = f"cannot read the cluster: {describe_failure(e, server_of(self.api)).line()}"
             return [ActionOutcome(a, False, reason) for a in decision.actions]
         return self.execute(plan)
 
@@ -243,14 +346,14 @@ class KubernetesBackend:
         except (ApiException, urllib3.exceptions.HTTPError) as e:
             log.warning("k8s_operation_failed", op=op.op.value, ref=op.ref,
                         error=type(e).__name__)
-            return f"{op.op.value} {op.ref}: {_api_error(e)}"
+            return f"{op.op.value} {op.ref}: {describe_failure(e, server_of(self.api)).line()}"
         log.info("k8s_operation_done", op=op.op.value, ref=op.ref, dry_run=self.dry_run)
         return ""
 
     def _apply(self, op: Operation, dry: str | None) -> None:
         kw: dict[str, Any] = dict(field_manager=FIELD_MANAGER, force=True, dry_run=dry,
                                   _content_type=APPLY, _preload_content=False,
-                                  _request_timeout=TIMEOUT_S)
+                                  _request_timeout=self.timeout)
         ns, body = self.namespace, dict(op.body or {})
         if op.kind == KIND_DEPLOYMENT:
             self.apps.patch_namespaced_deployment(op.name, ns, body, **kw)
@@ -263,7 +366,7 @@ class KubernetesBackend:
     def _scale(self, op: Operation, dry: str | None) -> None:
         body = {"spec": {"replicas": op.replicas}}
         kw: dict[str, Any] = dict(dry_run=dry, _content_type=MERGE, _preload_content=False,
-                                  _request_timeout=TIMEOUT_S)
+                                  _request_timeout=self.timeout)
         if op.kind == KIND_DEPLOYMENT:
             self.apps.patch_namespaced_deployment_scale(op.name, self.namespace, body, **kw)
         else:
@@ -272,7 +375,7 @@ class KubernetesBackend:
 
     def _delete(self, op: Operation, dry: str | None) -> None:
         kw: dict[str, Any] = dict(dry_run=dry, propagation_policy="Background",
-                                  _preload_content=False, _request_timeout=TIMEOUT_S)
+                                  _preload_content=False, _request_timeout=self.timeout)
         # only workloads are ever deleted (a job's Service outlives its deployments)
         if op.kind == KIND_DEPLOYMENT:
             self.apps.delete_namespaced_deployment(op.name, self.namespace, **kw)
@@ -303,13 +406,3 @@ class KubernetesBackend:
                 self._reported.add(key)
                 out.append(ev)
         return sorted(out, key=lambda e: e.time_s)
-
-
-def _api_error(e: Exception) -> str:
-    if not isinstance(e, ApiException):  # no answer at all (refused, timed out)
-        return f"{type(e).__name__}: {e}"[:500]
-    try:
-        message = json.loads(e.body or "{}").get("message", "")
-    except (ValueError, AttributeError):
-        message = ""
-    return f"HTTP {e.status} {e.reason or ''}: {message or e.body or ''}".strip()[:500]

@@ -107,7 +107,13 @@ def plan_command(*, backend: str, apply: bool, server_dry_run: bool, scenario: s
     import urllib3
     from kubernetes.client.exceptions import ApiException
 
-    from services.k8s_backend import KubernetesBackend, api_client
+    from services.k8s_backend import (
+        KubernetesBackend,
+        api_client,
+        describe_failure,
+        server_of,
+    )
+    from services.runtime.settings import ServiceSettings
 
     if backend not in BACKENDS:
         echo(f"koi plan: unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
@@ -124,24 +130,24 @@ def plan_command(*, backend: str, apply: bool, server_dry_run: bool, scenario: s
         return 2
     mode = "" if apply else ("server" if server_dry_run else "local")
     try:
-        api = api_client(kube_url, kubeconfig=kubeconfig)
-    except Exception as e:  # a missing or broken kubeconfig
+        settings = ServiceSettings.from_env()
+        api = api_client(kube_url, kubeconfig=kubeconfig, retries=settings.k8s_retries)
+    except Exception as e:  # a missing or broken kubeconfig, a bad KOI_K8S_* value
         echo(f"koi plan: no cluster: {printable(str(e))}")
         return 2
     k8s = KubernetesBackend(api, catalog, options=options, fleet=td.scenario.fleet,
                             jobs=td.scenario.jobs, dry_run=mode,
-                            tick_s=td.scenario.tick_s, horizon_s=td.scenario.horizon_s)
+                            tick_s=td.scenario.tick_s, horizon_s=td.scenario.horizon_s,
+                            connect_timeout_s=settings.k8s_connect_timeout_s,
+                            read_timeout_s=settings.k8s_read_timeout_s)
     new_ids = td.new_ids
-    where = kube_url or "kubeconfig"
+    where = server_of(api)
     try:
         plan = k8s.plan(td.decision, new_id=lambda a, i: new_ids.get(
             i, f"{a.job_id}-t{td.decision.tick}-{i}"))
-    except ApiException as e:
-        echo(f"koi plan: cannot read the cluster: HTTP {e.status} {e.reason}")
-        return 2
-    except urllib3.exceptions.HTTPError as e:
-        echo(f"koi plan: cannot reach the cluster at {printable(where, 200)}:"
-             f" {type(e).__name__}")
+    except (ApiException, urllib3.exceptions.HTTPError) as e:
+        failure = describe_failure(e, where)
+        echo(f"koi plan: cannot read the cluster: {printable(failure.line(), 800)}")
         return 2
     what = ("apply" if apply else "server dry run (validated, nothing persisted)"
             if server_dry_run else "dry run (nothing applied)")

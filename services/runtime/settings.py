@@ -219,6 +219,14 @@ class ServiceSettings:
                                     "metrics: seconds for one page, targets list or query")
     scrape_concurrency: int = Field(default=8, ge=1, le=256, description="engine-metrics: "
                                     "pages (or queries) read at once")
+    k8s_connect_timeout_s: float = Field(default=3.0, ge=0.1, le=300.0, description="koi "
+                                         "plan / the K8s backend: seconds to connect to "
+                                         "the API server")
+    k8s_read_timeout_s: float = Field(default=10.0, ge=0.1, le=600.0, description="koi plan "
+                                      "/ the K8s backend: seconds to wait for its answer")
+    k8s_retries: int = Field(default=1, ge=0, le=10, description="koi plan / the K8s "
+                             "backend: retries of a refused or timed-out connection (never "
+                             "of an answer)")
 
     @field_validator("log_level")
     @classmethod
