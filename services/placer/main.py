@@ -28,6 +28,7 @@ import uuid
 
 from koi import subjects
 from koi.cluster import ActionKind, ClusterSnapshot, PlanDecision
+from koi.fold import Folder
 from koi.planner.settings import settings_for
 from koi.planner.stability import ChurnMemory, remember
 from koi.planner.tick import churn_memory_span_s, place_stable, replay_placements
@@ -49,8 +50,7 @@ _BUS_ERRORS_KEPT = 64  # ticks whose bus_error events are remembered for that me
 EVENT_OF = {ActionKind.LAUNCH: ("launch", "info"), ActionKind.SCALE: ("scale", "info"),
             ActionKind.SWAP: ("swap", "info"), ActionKind.RELAUNCH: ("relaunch", "info"),
             ActionKind.DRAIN: ("stop", "info"), ActionKind.STOP: ("stop", "info"),
-            ActionKind.REJECT: ("rejection", "warning"),
-            ActionKind.DEFER: ("deferral", "warning")}
+            ActionKind.REJECT: ("rejection", "warning")}  # deferrals: fold_deferrals
 
 
 class Placer:
@@ -63,6 +63,9 @@ class Placer:
         self.timers: set[asyncio.Task] = set()
         self.admission = Admission(ctx, NAME)
         self.bus_errors: dict[int, list[str]] = {}  # tick → bus_error messages seen
+        # a job deferred tick after tick: one event when it starts, a count every few
+        # ticks, one when it ends (koi.fold), not a line per tick
+        self.deferrals = Folder()
 
     # --- plans -------------------------------------------------------------------------
 
@@ -95,7 +98,12 @@ class Placer:
         await self.ctx.bus.publish(subjects.tick_subject(n, "actions"),
                                    planning.encode_actions(decision, plan_tick),
                                    msg_id=f"actions-{n}")
+        deferred = {a.job_id: a.reason for a in decision.actions
+                    if a.kind == ActionKind.DEFER}
+        await self.fold_deferrals(n, deferred, snapshot)
         for i, a in enumerate(decision.actions):
+            if a.kind == ActionKind.DEFER:
+                continue
             kind, severity = EVENT_OF[a.kind]
             where = f" on {a.offering}" if a.offering else ""
             size = f" ×{a.replicas}" if a.replicas else ""
@@ -105,6 +113,27 @@ class Placer:
                                  job_id=a.job_id, deployment_id=a.deployment_id,
                                  mechanism_ids=tuple(ids), scenario_time_s=snapshot.time_s,
                                  message=f"{a.kind.value}{size}{where}: {a.reason}{because}")
+
+    async def fold_deferrals(self, tick: int, deferred: dict[str, str],
+                             snapshot: ClusterSnapshot) -> None:
+        """The deferral events of ``tick``. Severity says whether to look: a job that
+        serves meanwhile (it waits for GPUs to grow) is info; one with nothing serving
+        is a warning while it waits, info when it ends."""
+        serving = {d.job_id for d in snapshot.deployments if d.replicas_ready > 0}
+        for f in self.deferrals.tick(tick, deferred):
+            if f.phase == "start":
+                message = f"defer: {f.message}"
+            elif f.phase == "still":
+                message = (f"still deferred: {f.ticks} ticks, since tick {f.since_tick}"
+                           f" ({f.message})")
+            else:
+                message = f"no longer deferred, after {f.ticks} ticks"
+            quiet = f.phase == "end" or f.key in serving
+            await self.ctx.event(kind="deferral", severity="info" if quiet else "warning",
+                                 tick=tick, key=f"{f.key}:{f.phase}", job_id=f.key,
+                                 scenario_time_s=snapshot.time_s, message=message,
+                                 attributes={"phase": f.phase, "ticks": str(f.ticks),
+                                             "since_tick": str(f.since_tick)})
 
     async def recover_memory(self) -> int:
         """The churn memory the placers before this one kept, rebuilt on taking the lease:

@@ -80,6 +80,37 @@ def _safe_values(_logger: Any, _name: str,
     return safe
 
 
+# library warnings that say nothing an operator can act on: shown at debug only
+_NOISE = {
+    # nats-py's protocol returns True from eof_received; over TLS asyncio ignores it
+    # and warns on every connection closed by the other side
+    "asyncio": ("returning true from eof_received() has no effect when using ssl",),
+}
+
+
+class _Demote(logging.Filter):
+    """Turns a known, harmless library warning into a debug record (kept only when the
+    process logs at debug)."""
+
+    def __init__(self, messages: tuple[str, ...]) -> None:
+        super().__init__()
+        self.messages = messages
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG and record.getMessage().startswith(self.messages):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger().isEnabledFor(logging.DEBUG)
+        return True
+
+
+def quiet_library_noise() -> None:
+    """Install ``_Demote`` on the loggers of ``_NOISE`` (once; safe to call again)."""
+    for name, messages in _NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Demote) for f in logger.filters):
+            logger.addFilter(_Demote(messages))
+
+
 def configure_logging(service: str, level: str = "info", fmt: str = "json") -> None:
     """Route structlog and stdlib logging to stderr as JSON lines (or console text)."""
     level = level.lower()
@@ -131,3 +162,4 @@ def configure_logging(service: str, level: str = "info", fmt: str = "json") -> N
     handler._koi = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(numeric)
+    quiet_library_noise()

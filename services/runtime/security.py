@@ -37,6 +37,7 @@ from typing import Any
 
 import structlog
 
+from services.runtime.logs import quiet_library_noise
 from services.runtime.permissions import ADMIN, ROLES, accounts_block
 from services.runtime.settings import NatsAuth
 
@@ -344,6 +345,7 @@ def connect_options(auth: NatsAuth | None = None, url: str = "") -> dict[str, An
     only when the server's INFO asks for it, even for a ``tls://`` URL, so a plaintext
     impostor could collect the password. The server must have ``handshake_first`` on
     (``server_tls_block`` writes it)."""
+    quiet_library_noise()  # asyncio's TLS warning on every closed connection: debug only
     auth = NatsAuth.from_env() if auth is None else auth
     options: dict[str, Any] = {}
     if auth.user:
