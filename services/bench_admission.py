@@ -5,7 +5,8 @@ For each offered rate, a fresh embedded NATS and ``replicas`` placer processes (
 group ``placer``, as deployed) are started; one open-loop sender submits distinct valid
 jobs at that rate for ``duration_s`` (latency counted from each request's *scheduled*
 send time, so a sender that falls behind does not hide the queueing) and waits up to
-``timeout_s`` per request, without retrying. Once the stream has stopped growing, the
+``timeout_s`` per request, without retrying; each request carries that wait as its
+deadline (``Koi-Deadline-Ms``) unless ``deadline=False``. Once the stream has stopped growing, the
 ``KOI_JOBS`` stream is read back: every job acked as accepted must be stored exactly once
 (``lost``, ``duplicated``), and a job stored without an accepted ack is an ack that lied
 (``unacked``: the sender was told nothing, or busy, yet the job will run).
@@ -32,6 +33,7 @@ import numpy as np
 from koi import subjects
 from koi.catalog import load_catalog
 from koi.jobs import load_jobs_yaml
+from koi.jobs.intake import deadline_header
 from koi.v1 import jobs_pb2
 from koi.wire.jobs import job_to_proto
 from services.runtime.embedded import start_nats
@@ -66,6 +68,23 @@ class AdmissionRow:
     placer_cpu_us: float   # placers' CPU time per submission sent (all replicas)
     nats_cpu_us: float     # the NATS server's CPU time per submission sent
 
+    @property
+    def answered_pct(self) -> float:
+        """Submissions answered (any answer) before the sender stopped waiting."""
+        return 100.0 * (self.accepted + self.busy + self.rejected) / max(self.sent, 1)
+
+    @property
+    def busy_pct(self) -> float:
+        return 100.0 * self.busy / max(self.sent, 1)
+
+    @property
+    def admitted_pct(self) -> float:
+        return 100.0 * self.accepted / max(self.sent, 1)
+
+    @property
+    def sent(self) -> int:
+        return self.accepted + self.busy + self.rejected + self.timeouts
+
     def holds(self) -> bool:
         """The target: every submission answered in time, p99 within target, no job
         lost or duplicated, no ack that lies, and (almost) nothing shed as busy."""
@@ -84,9 +103,11 @@ def payloads(n: int, prefix: str) -> list[tuple[str, bytes]]:
     return out
 
 
-async def _ask(nc, data: bytes, timeout_s: float) -> jobs_pb2.JobAck | None:
+async def _ask(nc, data: bytes, timeout_s: float, deadline: bool = True
+               ) -> jobs_pb2.JobAck | None:
     try:
-        reply = await nc.request(subjects.JOBS_SUBMIT, data, timeout=timeout_s)
+        reply = await nc.request(subjects.JOBS_SUBMIT, data, timeout=timeout_s,
+                                 headers=deadline_header(timeout_s) if deadline else None)
     except Exception:  # timeout / no responders: counted as unanswered
         return None
     try:
@@ -95,7 +116,8 @@ async def _ask(nc, data: bytes, timeout_s: float) -> jobs_pb2.JobAck | None:
         return jobs_pb2.JobAck(accepted=False, reason="unreadable ack")
 
 
-async def offer(nc, jobs: list[tuple[str, bytes]], rate: float, timeout_s: float
+async def offer(nc, jobs: list[tuple[str, bytes]], rate: float, timeout_s: float,
+                deadline: bool = True
                 ) -> tuple[list[tuple[str, float, jobs_pb2.JobAck | None]], float, float]:
     """Send ``jobs`` at ``rate``/s, open loop; (id, latency s, ack or None) per job, the
     sending window's length and the time from the first send to the last answer."""
@@ -103,7 +125,7 @@ async def offer(nc, jobs: list[tuple[str, bytes]], rate: float, timeout_s: float
     t0 = time.perf_counter()
 
     async def one(job_id: str, data: bytes, due: float) -> None:
-        ack = await _ask(nc, data, timeout_s)
+        ack = await _ask(nc, data, timeout_s, deadline)
         results.append((job_id, time.perf_counter() - due, ack))
 
     tasks = []
@@ -167,7 +189,8 @@ def summarise(rate: float, results: list, window_s: float, span_s: float,
 
 async def _run_rate(url: str, rate: float, duration_s: float, timeout_s: float,
                     prefix: str, cpu: Callable[[], tuple[float, float]],
-                    security: Security | None = None) -> AdmissionRow:
+                    security: Security | None = None, deadline: bool = True
+                    ) -> AdmissionRow:
     jobs = payloads(max(1, round(rate * duration_s)), prefix)
     nc = await connect_nats(url, security.auth(CLIENT) if security else None)
     admin = await connect_nats(url, security.auth(ADMIN) if security else None)
@@ -175,7 +198,7 @@ async def _run_rate(url: str, rate: float, duration_s: float, timeout_s: float,
         # warm up: the first submissions a placer answers pay for lazy imports and caches
         await offer(nc, payloads(_WARM_UP, f"warm-{prefix}"), 100.0, timeout_s * 5)
         before = cpu()
-        results, window, span = await offer(nc, jobs, rate, timeout_s)
+        results, window, span = await offer(nc, jobs, rate, timeout_s, deadline)
         stored = await stored_counts(admin.jetstream())
         after = cpu()
     finally:
@@ -203,7 +226,8 @@ async def _ready_watch(nc, replicas: int) -> asyncio.Event:
 
 
 def run_rate(rate: float, duration_s: float, timeout_s: float, replicas: int,
-             prefix: str, log_dir: Path, secure: bool = True) -> AdmissionRow:
+             prefix: str, log_dir: Path, secure: bool = True, deadline: bool = True
+             ) -> AdmissionRow:
     """One rate on a fresh NATS with fresh placers (nothing carried between rates)."""
     with start_nats(secure=secure) as server:
         security = server.security
@@ -220,7 +244,7 @@ def run_rate(rate: float, duration_s: float, timeout_s: float, replicas: int,
             finally:
                 await nc.close()
             return await _run_rate(server.url, rate, duration_s, timeout_s, prefix, cpu,
-                                   security)
+                                   security, deadline)
 
         def cpu() -> tuple[float, float]:
             return (sum(cpu_seconds(c.proc.pid) for c in sup.children),
@@ -242,25 +266,27 @@ def median_row(rows: list[AdmissionRow]) -> AdmissionRow:
 
 def sweep(rates: tuple[float, ...], duration_s: float, timeout_s: float, replicas: int,
           runs: int, log_dir: Path, progress: Callable[[str], None] = lambda _: None,
-          secure: bool = True) -> dict[float, list[AdmissionRow]]:
+          secure: bool = True, deadline: bool = True) -> dict[float, list[AdmissionRow]]:
     out: dict[float, list[AdmissionRow]] = {}
     for rate in rates:
         for i in range(runs):
             row = run_rate(rate, duration_s, timeout_s, replicas,
-                           f"b{int(rate)}-r{i + 1}", log_dir, secure)
+                           f"b{int(rate)}-r{i + 1}", log_dir, secure, deadline)
             out.setdefault(rate, []).append(row)
             progress(format_row(row, label=f"{rate:g}/s run {i + 1}/{runs}"))
     return out
 
 
 HEADER = ("offered/s  sent/s  acked/s  p50 ms  p99 ms  accepted   busy  rejected  timeouts"
-          "  stored  lost  dup  unacked  placer-cpu-us  nats-cpu-us")
+          "  stored  lost  dup  unacked  answered%  busy%  admitted%  placer-cpu-us"
+          "  nats-cpu-us")
 
 
 def format_row(r: AdmissionRow, label: str = "") -> str:
     return (f"{label or f'{r.rate:g}':>9} {r.sent_per_s:7.0f} {r.acked_per_s:8.0f} "
             f"{r.p50_ms:7.1f} {r.p99_ms:7.1f} {r.accepted:9d} {r.busy:6d} {r.rejected:9d} "
             f"{r.timeouts:9d} {r.stored:7d} {r.lost:5d} {r.duplicated:4d} {r.unacked:8d} "
+            f"{r.answered_pct:10.1f} {r.busy_pct:6.1f} {r.admitted_pct:10.1f} "
             f"{r.placer_cpu_us:14.0f} {r.nats_cpu_us:12.0f}")
 
 

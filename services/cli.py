@@ -25,6 +25,7 @@ from koi import subjects
 from koi.catalog import load_catalog
 from koi.errors import KoiError
 from koi.jobs import load_jobs_yaml
+from koi.jobs.intake import deadline_header
 from koi.safe_text import printable
 from koi.v1 import events_pb2, jobs_pb2
 from koi.wire.codec import encode_job
@@ -100,7 +101,9 @@ async def _request_ack(nc, data: bytes, timeout_s: float) -> jobs_pb2.JobAck | N
     busy = None
     while (left := deadline - time.monotonic()) > 0:
         try:
-            reply = await nc.request(subjects.JOBS_SUBMIT, data, timeout=min(left, 2.0))
+            wait = min(left, 2.0)  # this attempt's deadline travels with it
+            reply = await nc.request(subjects.JOBS_SUBMIT, data, timeout=wait,
+                                     headers=deadline_header(wait))
             ack = jobs_pb2.JobAck.FromString(reply.data)
         except Exception:  # no responders / timeout: retry until the deadline
             await asyncio.sleep(min(0.25, max(left, 0)))

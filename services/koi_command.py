@@ -91,6 +91,9 @@ def bench_admission(
                    ] = Path("out/bench-admission"),
     secure: Annotated[bool, Opt("--secure/--plain", help="NATS as deployed (TLS, one user "
                                 "per role) or plain TCP without accounts.")] = True,
+    deadline: Annotated[bool, Opt("--deadline/--no-deadline", help="Send each request's "
+                                  "wait as its deadline (Koi-Deadline-Ms), as koi submit "
+                                  "does, or send none.")] = True,
 ) -> None:
     """Job admission under load: acked/s, ack latency, busy answers, and whether every
     accepted job is stored exactly once (a fresh NATS and placers per run)."""
@@ -115,7 +118,7 @@ def bench_admission(
 
     say(HEADER)
     per = sweep(wanted, duration_s, timeout_s, replicas, runs, out, progress=say,
-                secure=secure)
+                secure=secure, deadline=deadline)
     medians = {rate: median_row(rows) for rate, rows in per.items()}
     if runs > 1:
         say(f"median of {runs} runs:")

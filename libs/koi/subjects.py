@@ -24,6 +24,9 @@ PREFIX = "koi"
 
 # --- jobs ------------------------------------------------------------------------------
 JOBS_SUBMIT = "koi.jobs.submit"                 # request/reply: JobSpec → JobAck
+# the sender's remaining budget for this request, whole ms from when it sent it (a budget,
+# not a time of day: clocks differ between hosts); koi.jobs.intake reads it
+HEADER_DEADLINE_MS = "Koi-Deadline-Ms"
 JOBS_ACCEPTED_PREFIX = "koi.jobs.accepted"      # koi.jobs.accepted.<job id> (JobSpec)
 STREAM_JOBS = "KOI_JOBS"
 STREAM_JOBS_SUBJECTS = ("koi.jobs.accepted.>",)

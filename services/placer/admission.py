@@ -20,6 +20,12 @@ under load.
   stored or read answers retries without a round trip. (It is not fed from the stream:
   an ordered consumer on ``koi.jobs.accepted.>``, even headers only, cost 140 µs of CPU
   per stored job in each replica, more than the admission itself.)
+* **The sender's deadline.** A submission carries its sender's remaining budget
+  (``Koi-Deadline-Ms``, ``koi.jobs.intake``), stamped on receipt with this replica's
+  monotonic clock (no budget: ``MAX_AGE_S``). One whose budget cannot cover the queue
+  ahead of it and a store is answered busy at once; one whose budget runs out while
+  queued is answered busy, not stored: nothing is stored for a sender that will have
+  stopped listening, and the busy answer comes before its deadline.
 * An undecodable submission is answered, dead-lettered (``koi.dlq.placer``) and reported.
 
 No placement here; the placer's ``main`` wires this in.
@@ -45,6 +51,7 @@ from koi.cluster import ClusterSnapshot
 from koi.errors import InvalidSpecError
 from koi.jobs import JobSpec
 from koi.jobs.bounds import MAX_ID_LEN
+from koi.jobs.intake import budget_s, late_by
 from koi.safe_text import printable
 from koi.v1 import jobs_pb2
 from koi.wire import codec
@@ -56,8 +63,8 @@ from services.runtime.app import ServiceContext
 log = structlog.get_logger(__name__)
 
 MAX_WAIT_S = 0.15       # queue at most this much work (at the measured rate), then shed
-MAX_AGE_S = 1.0         # a submission queued longer is answered busy, not admitted: its
-                        # sender may have given up (koi submit waits 2 s per attempt)
+MAX_AGE_S = 1.0         # without a deadline header, a submission queued longer is answered
+                        # busy, not admitted: its sender may have given up
 QUEUE_MIN = 256         # ... but never less than this many submissions
 QUEUE_MAX = 8192        # ... nor more
 BATCH_MAX = 512         # submissions decided and stored together
@@ -66,6 +73,7 @@ RETRY_MIN_MS, RETRY_MAX_MS = 50, 5000
 HELD_MAX = 100_000      # taken subjects remembered per replica (about 200 bytes each)
 OVERLOAD_EVENT_EVERY_S = 10.0   # at most one overload event per replica per this
 _INITIAL_RATE = 1000.0          # submissions/s assumed before the first batch is timed
+_INITIAL_STORE_S = 0.01         # a batch's store round trip assumed before one is timed
 _ERR_WRONG_LAST_SEQUENCE = 10071  # the subject holds a message already
 HEADER_JOB_ID = "Koi-Job-Id"
 HEADER_DIGEST = "Koi-Spec-Digest"
@@ -147,6 +155,7 @@ class Admission:
         self.fleet: frozenset[str] = frozenset()  # job ids in the latest snapshot
         self.tick, self.time_s = 0, 0.0
         self.rate = _INITIAL_RATE               # submissions/s this worker decides
+        self.store_s = _INITIAL_STORE_S         # a batch's store round trip (moving average)
         self.sub: Any = None                    # the koi.jobs.submit subscription
         self.shed, self._reported_at = 0, float("-inf")
         self._overload_n = 0
@@ -171,12 +180,23 @@ class Admission:
         wait_ms = 1000.0 * self.backlog() / max(self.rate, 1.0)
         return int(min(RETRY_MAX_MS, max(RETRY_MIN_MS, wait_ms)))
 
+    def expected_s(self) -> float:
+        """How long a submission queued now waits for its answer: the queue ahead of it
+        at the measured rate, and a store."""
+        return self.backlog() / max(self.rate, 1.0) + self.store_s
+
     async def on_submit(self, msg: Any) -> None:
-        if self.backlog() < self.limit():
+        now = time.monotonic()
+        deadline = now + budget_s((msg.headers or {}).get(subjects.HEADER_DEADLINE_MS),
+                                  MAX_AGE_S)
+        why = "admission queue full"
+        if late_by(now, deadline, self.expected_s()) > 0:
+            why = f"cannot be stored within your deadline ({1e3 * (deadline - now):.0f} ms)"
+        elif self.backlog() < self.limit():
             with contextlib.suppress(asyncio.QueueFull):
-                self.queue.put_nowait((msg, time.monotonic()))
+                self.queue.put_nowait((msg, deadline))
                 return
-        await self.respond(msg, self.busy("admission queue full"))
+        await self.respond(msg, self.busy(why))
         self.shed += 1
 
     def busy(self, why: str, job_id: str = "") -> jobs_pb2.JobAck:
@@ -199,11 +219,13 @@ class Admission:
             while len(queued) < BATCH_MAX and not self.queue.empty():
                 queued.append(self.queue.get_nowait())
             started, now = time.perf_counter(), time.monotonic()
-            batch = [msg for msg, since in queued if now - since <= MAX_AGE_S]
-            for msg, since in queued:
-                if now - since > MAX_AGE_S:
-                    await self.respond(msg, self.busy(f"queued {now - since:.1f} s"))
+            batch = []
+            for msg, deadline in queued:  # stored only if the answer can beat the deadline
+                if late_by(now, deadline, self.store_s) > 0:
+                    await self.respond(msg, self.busy("your deadline ran out while queued"))
                     self.shed += 1
+                else:
+                    batch.append(msg)
             try:
                 await self.admit_batch(batch)
             except Exception:  # a batch that fails must not end admission, nor go unanswered
@@ -292,7 +314,10 @@ class Admission:
                 api.Header.MSG_ID: f"job-{p.job.id}",
                 api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE: "0",
                 HEADER_JOB_ID: p.job.id, HEADER_DIGEST: p.digest, HEADER_TICK: str(self.tick)}))
+        started = time.monotonic()
         outcomes = await self.pipeline.settle(futures, STORE_TIMEOUT_S)
+        if futures:
+            self.store_s = 0.8 * self.store_s + 0.2 * (time.monotonic() - started)
         answers = [self.stored(p, o) for p, o in zip(pending, outcomes, strict=True)]
         conflicts = [i for i, a in enumerate(answers) if a is None]
         resolved = await asyncio.gather(*(self.resolve_conflict(pending[i]) for i in conflicts))

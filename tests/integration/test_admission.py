@@ -311,4 +311,71 @@ def test_bench_admission_runs_as_deployed_and_reads_the_stream_back(tmp_path: Pa
     assert (row.accepted, row.timeouts, row.busy, row.rejected) == (50, 0, 0, 0), \
         format_row(row)
     assert (row.stored, row.lost, row.duplicated, row.unacked) == (50, 0, 0, 0)
-    assert row.p99_ms > 0 and row.holds()
+    assert row.p99_ms > 0 and row.holds() and row.answered_pct == 100.0
+
+
+# --- the sender's deadline ---------------------------------------------------------------------
+
+async def _ask_within(bus: Bus, data: bytes, budget_ms: int | None,
+                      wait_s: float = 10.0) -> jobs_pb2.JobAck:
+    headers = None if budget_ms is None else {subjects.HEADER_DEADLINE_MS: str(budget_ms)}
+    reply = await bus.nc.request(subjects.JOBS_SUBMIT, data, timeout=wait_s, headers=headers)
+    return jobs_pb2.JobAck.FromString(reply.data)
+
+
+@pytest.mark.asyncio
+async def test_a_deadline_the_queue_cannot_meet_is_answered_busy_at_once_and_nothing_stored(
+        bus: Bus, placers, monkeypatch) -> None:
+    from services.placer import admission
+
+    monkeypatch.setattr(admission, "_INITIAL_STORE_S", 3.0)  # a store is believed to take 3 s
+    await placers(1)
+    for jid, budget in (("short-1", 1000), ("short-0", 0), ("short-none", None)):
+        ack = await _ask_within(bus, _spec(jid).SerializeToString(), budget)
+        assert not ack.accepted and ack.retry_after_ms, (jid, ack)
+        assert "deadline" in ack.reason and "nothing was stored" in ack.reason, ack.reason
+    long = await _ask_within(bus, _spec("long").SerializeToString(), 20_000)
+    assert long.accepted, long
+    assert await _stored(bus, "koi.jobs.accepted.>") == {"koi.jobs.accepted.long": 1}
+
+
+@pytest.mark.asyncio
+async def test_a_submission_whose_deadline_passes_in_the_queue_is_answered_busy_not_stored(
+        bus: Bus, placers, monkeypatch) -> None:
+    """A slow store holds the worker; a submission queued behind it with a 300 ms budget
+    is answered busy when its turn comes, and is not stored after its sender gave up."""
+    from services.placer import admission
+
+    storing, original = asyncio.Event(), admission.Admission.store_all
+
+    async def slow_store(self, pending):
+        storing.set()
+        await asyncio.sleep(0.8)
+        return await original(self, pending)
+
+    monkeypatch.setattr(admission.Admission, "store_all", slow_store)
+    await placers(1)
+    first = asyncio.create_task(_ask_within(bus, _spec("ahead").SerializeToString(), 20_000))
+    await asyncio.wait_for(storing.wait(), 10)
+    behind = await _ask_within(bus, _spec("behind").SerializeToString(), 300)
+    assert not behind.accepted and behind.retry_after_ms, behind
+    assert "ran out while queued" in behind.reason, behind.reason
+    assert (await first).accepted
+    assert await _stored(bus, "koi.jobs.accepted.>") == {"koi.jobs.accepted.ahead": 1}
+
+
+@pytest.mark.asyncio
+async def test_koi_submit_sends_each_attempts_wait_as_its_deadline(
+        bus: Bus, nats_url: str) -> None:
+    seen: list[str | None] = []
+
+    async def answer(msg) -> None:
+        seen.append((msg.headers or {}).get(subjects.HEADER_DEADLINE_MS))
+        spec = jobs_pb2.JobSpec.FromString(msg.data)
+        await msg.respond(jobs_pb2.JobAck(accepted=True, job_id=spec.id).SerializeToString())
+
+    await bus.nc.subscribe(subjects.JOBS_SUBMIT, cb=answer)
+    await bus.nc.flush()
+    out = io.StringIO()
+    assert await cli._submit(JOB, nats_url, 30.0, cli.Console(file=out, width=300)) == 0
+    assert seen and all(s is not None and 0 < int(s) <= 2000 for s in seen), seen
