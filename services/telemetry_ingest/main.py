@@ -1,9 +1,11 @@
 """telemetry-ingest: ``koi.telemetry.<n>`` → ``koi.tick.<n>.observations``.
 
-For each tick's telemetry batch it drops windows that cannot be true (non-finite or
-negative counters: outliers, counted and logged), keeps the deployments that were in
-steady state (fully running at the two snapshots before, read back from the tick
-stream, so nothing here is per-process state), predicts each at the load it saw
+For each tick's telemetry batch it refuses windows that cannot be true
+(``koi.plausibility``: non-finite or negative counters, negative latencies, a window
+not of this tick, output above the hardware's roofline), each with an ``implausible``
+event, before anything is observed from them (so none moves a belief); it keeps the
+deployments that were in steady state (fully running at the two snapshots before, read
+back from the tick stream, so nothing here is per-process state), predicts each at the load it saw
 (``koi.planner.tick.observe``) and publishes the observations. It also tells the
 operators about online jobs whose window p95 broke their objective: one event when a
 job's breach starts, sparse summaries while it lasts, one when it is over
@@ -13,18 +15,17 @@ a restart or a redelivery tells the same story with the same event ids).
 
 from __future__ import annotations
 
-import math
-
 from koi import subjects
-from koi.cluster import DeploymentTelemetry
+from koi.cluster import ClusterSnapshot, DeploymentTelemetry
 from koi.jobs import OnlineJob, Slo
 from koi.planner.settings import settings_for
 from koi.planner.tick import observe, steady_deployments
+from koi.plausibility import basic_reason, implausible_window
 from koi.wire import planning
 from services.runtime.app import ServiceContext, main
 from services.runtime.bus import Bus
 from services.runtime.consumer import Undecodable
-from services.runtime.plausible import check_tick, refuse
+from services.runtime.plausible import EVENT_KIND, check_tick, refuse
 from services.runtime.ticks import TickReader, clock_tick, subject_tick
 from services.telemetry_ingest.breaches import (
     BreachPolicy,
@@ -41,10 +42,32 @@ TICKS_AHEAD = 1
 
 
 def plausible(t: DeploymentTelemetry) -> bool:
-    """A window whose counters could have been measured (finite, non-negative)."""
-    values = (t.window_s, t.requests_arrived, t.requests_finished, t.prompt_tokens,
-              t.generation_tokens, t.ttft_p95_s, t.tpot_p95_s, t.output_tok_s)
-    return t.window_s > 0 and all(math.isfinite(v) and v >= 0 for v in values)
+    """A window whose counters could have been measured (the checks that need no
+    snapshot: used for the stored windows of the breach history)."""
+    return basic_reason(t) is None
+
+
+async def refuse_windows(ctx: ServiceContext, tick: int, snapshot: ClusterSnapshot,
+                         telemetry: list[DeploymentTelemetry]) -> list[DeploymentTelemetry]:
+    """The windows that could be true; each other one is refused with an ``implausible``
+    event (id by tick and deployment, so a redelivery repeats it, not adds to it)."""
+    deps = {d.id: d for d in snapshot.deployments}
+    kept = []
+    for t in telemetry:
+        reason = implausible_window(t, tick, snapshot.tick_s, deps.get(t.deployment_id),
+                                    ctx.catalog)
+        if reason is None:
+            kept.append(t)
+            continue
+        ctx.log.warning("telemetry_implausible", tick=tick, deployment=t.deployment_id,
+                        reason=reason)
+        await ctx.event(kind=EVENT_KIND, severity="error", tick=tick,
+                        key=f"telemetry-{t.deployment_id}", job_id=t.job_id,
+                        deployment_id=t.deployment_id, scenario_time_s=snapshot.time_s,
+                        message=f"refused telemetry of {t.deployment_id}: {reason}",
+                        attributes={"subject": subjects.telemetry_subject(tick),
+                                    "reason": reason})
+    return kept
 
 
 async def run(ctx: ServiceContext) -> None:
@@ -65,10 +88,8 @@ async def run(ctx: ServiceContext) -> None:
         if reason is not None:
             await refuse(ctx, subject, data, headers, reason, clock)
             return
-        kept = [t for t in telemetry if plausible(t)]
-        if len(kept) < len(telemetry):
-            ctx.log.warning("telemetry_outliers", tick=tick, dropped=len(telemetry) - len(kept))
         snapshot = await reader.snapshot(tick)
+        kept = await refuse_windows(ctx, tick, snapshot, telemetry)
         prev = await reader.snapshot(tick - 1, wait=False) if tick >= 1 else None
         prev2 = await reader.snapshot(tick - 2, wait=False) if tick >= 2 else None
         steady = steady_deployments(prev, prev2)

@@ -181,3 +181,61 @@ def test_check_tick_rules() -> None:
     for odd in ("koi.tick.+3.observations", "koi.tick.03.observations",
                 "koi.tick.x.observations", "koi.events.error.dlq"):
         assert subject_tick(odd) is None
+
+
+def _sim_ticks(n_max: int = 12) -> list[tuple[ClusterSnapshot, list]]:
+    """(snapshot n, the telemetry batch n) as the sim service publishes them, from a
+    short in-process run with an online and a batch job on H100s."""
+    from koi.sim import Simulator
+    from koi.sim.testing import FixedPolicy, batch_job, online_job, tiny_scenario
+
+    sc = tiny_scenario([online_job("chat", rate=20), batch_job("bulk", 200_000)],
+                       horizon_s=60.0 * n_max)
+    sim = Simulator(sc, seed=1, catalog=load_catalog())
+    policy = FixedPolicy(["aws/us-east-1/h100-sxm/on_demand"])
+    out, telemetry = [], []
+    while not sim.done:
+        snap = sim.snapshot()
+        out.append((snap, list(telemetry)))
+        sim.apply(policy.decide(snap, telemetry))
+        telemetry = sim.advance()
+    return out
+
+
+@pytest.mark.asyncio
+async def test_telemetry_above_the_roofline_is_refused_with_an_event_and_observes_nothing(
+        bus: Bus, start: Callable[..., Awaitable[None]]) -> None:
+    """Two steady deployments; one's window claims a million times its output. That
+    window is refused (an ``implausible`` event naming it) and only the other one is
+    observed: nothing the causal store learns from comes from the lie."""
+    import dataclasses
+
+    from koi.planner.tick import steady_deployments
+
+    ticks = _sim_ticks()
+    n = next(i for i in range(2, len(ticks))
+             if len({t.deployment_id for t in ticks[i][1] if t.requests_finished > 0}
+                    & steady_deployments(ticks[i - 1][0], ticks[i - 2][0])) >= 2)
+    telemetry = ticks[n][1]
+    liar, honest = telemetry[0], telemetry[1]
+    forged = dataclasses.replace(liar, generation_tokens=liar.generation_tokens * 1e6,
+                                 output_tok_s=liar.output_tok_s * 1e6)
+    for s, _ in ticks[:n + 1]:
+        await bus.publish(subjects.tick_subject(s.tick, "snapshot"),
+                          planning.encode_snapshot(s))
+    await start(telemetry_ingest.NAME, telemetry_ingest.run)
+    await bus.publish(subjects.telemetry_subject(n),
+                      planning.encode_telemetry(n, [forged, honest, *telemetry[2:]]))
+
+    async def observed() -> bool:
+        return await bus.get_last(subjects.tick_subject(n, "observations")) is not None
+
+    await asyncio.wait_for(_eventually(observed), 30)
+    raw = await bus.get_last(subjects.tick_subject(n, "observations"))
+    assert raw is not None
+    _, observations = planning.decode_observations(raw)
+    seen = {o.deployment_id for o in observations}
+    assert honest.deployment_id in seen and liar.deployment_id not in seen, seen
+    events = await _implausible_events(bus, telemetry_ingest.NAME)
+    assert [e.deployment_id for e in events] == [liar.deployment_id]
+    assert "above the roofline" in events[0].message, events[0].message
