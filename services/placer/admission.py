@@ -22,7 +22,8 @@ under load.
   per stored job in each replica, more than the admission itself.)
 * **The sender's deadline.** A submission carries its sender's remaining budget
   (``Koi-Deadline-Ms``, ``koi.jobs.intake``), stamped on receipt with this replica's
-  monotonic clock (no budget: ``MAX_AGE_S``). One whose budget cannot cover the queue
+  monotonic clock, and planned for half of it (``ANSWER_SHARE``; no budget:
+  ``MAX_AGE_S``). One whose budget cannot cover the queue
   ahead of it and a store is answered busy at once; one whose budget runs out while
   queued is answered busy, not stored: nothing is stored for a sender that will have
   stopped listening, and the busy answer comes before its deadline.
