@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -100,6 +101,8 @@ def test_bench_tick_cli() -> None:
     assert "first 2 ticks" in result.output
     for stage in ("propose", "evaluate", "compose", "place", "total"):
         assert stage in result.output
+    rss = re.search(r"peak resident memory (\d+) MiB", result.output)
+    assert rss is not None and int(rss.group(1)) > 0
 
 
 def test_the_coverage_setting_reaches_the_calibrator() -> None:

@@ -117,6 +117,13 @@ def stage_times(run: LearningRun) -> dict[str, tuple[float, float]]:
     return out
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far, MiB (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _nanmedian(x: np.ndarray) -> float:
     x = x[np.isfinite(x)]
     return float(np.median(x)) if x.size else math.nan

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from koi.bench.learning import plot, replay, stage_times, summary, write_csv
+from koi.bench.learning import peak_rss_mib, plot, replay, stage_times, summary, write_csv
 
 
 def _replay(console: Console, scenario: str, policy: str, seed: int,
@@ -92,6 +92,7 @@ def tick_command(console: Console, scenario: str, policy: str, seed: int, ticks:
     for stage, (median, p90) in stage_times(run).items():
         t.add_row(stage, f"{median:.3f}", f"{p90:.3f}")
     console.print(t)
+    console.print(f"peak resident memory {peak_rss_mib():.0f} MiB")
 
 
 def _f(x: float | None) -> str:

@@ -314,7 +314,7 @@ bench_app.command("power")(power_command)
 def bench_suite(
     generated: Annotated[str, Opt(help="Generated scenario seeds A-B (inclusive, at most "
                                        "1000); seeds >= 1000 are held out.")],
-    size: Annotated[str, Opt(help="small | medium | large.")] = "medium",
+    size: Annotated[str, Opt(help="small | medium | large | xlarge.")] = "medium",
     policies: Annotated[str | None, Opt(help="Policies a,b,c; default: every registered "
                                              "policy (those that need a language model only "
                                              "with KOI_RLM_BASE_URL and KOI_RLM_MODEL set)."
@@ -399,7 +399,8 @@ def scenario_generate(
     seed: Annotated[int, Opt(help="Seed, >= 0; the same seed and size give the same file."
                                   " Seeds >= 1000 are held out for evaluation.")],
     size: Annotated[str, Opt(help="small (32-96 GPUs, 3-8 jobs, 1-2 h) | medium (150-400,"
-                                  " 10-25, 2-4 h) | large (400-1200, 25-60, 4-8 h).")
+                                  " 10-25, 2-4 h) | large (400-1200, 25-60, 4-8 h) |"
+                                  " xlarge (8000-12000, 400-600, 8-12 h).")
                     ] = "medium",
     out: Annotated[Path | None, Opt("--out", "-o", help="File to write (default: stdout).")
                    ] = None,

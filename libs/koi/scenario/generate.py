@@ -46,7 +46,7 @@ LOAD_RANGE = (0.4, 1.2)
 MIN_RATE_RPS = 0.05
 RATE_CAP_RPS = MAX_RATE_RPS / 10  # keeps one job's simulation cheap; far below the bound
 FIT_SHARE = 0.8  # fp8 weights (1 byte/parameter) must fit this share of a node's memory
-SIZE_STREAM = {"small": 1, "medium": 2, "large": 3}
+SIZE_STREAM = {"small": 1, "medium": 2, "large": 3, "xlarge": 4}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +64,8 @@ SIZES = {
     "small": SizeSpec((32, 96), (3, 8), (1, 2), (1, 3), (0, 2)),
     "medium": SizeSpec((150, 400), (10, 25), (2, 4), (3, 6), (1, 4)),
     "large": SizeSpec((400, 1200), (25, 60), (4, 8), (5, 9), (2, 7)),
+    # Scale tests (issue 43): about 10,000 GPUs and 500 jobs.
+    "xlarge": SizeSpec((8000, 12000), (400, 600), (8, 12), (7, 12), (6, 16)),
 }
 
 
