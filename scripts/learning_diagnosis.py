@@ -36,6 +36,7 @@ from koi.bench.runner import run_once
 from koi.bench.suite import scenario_name
 from koi.catalog import load_catalog
 from koi.jobs import OnlineJob
+from koi.planner.settings import VARIANTS
 from koi.scenario import parse_scenario
 from koi.scenario.generate import generate_scenario
 from koi.scenario.types import Scenario
@@ -43,7 +44,8 @@ from koi.sim.truth import WorldTruth
 from koi.sim.world import load_world
 
 FIELDS = ("policy", "tick", "job", "offering", "accelerator", "replicas", "demand_rps",
-          "robust_rps", "nominal_rps", "true_rps", "radius_ttft", "log_robust", "log_nominal")
+          "robust_rps", "nominal_rps", "true_rps", "radius_ttft", "log_robust", "log_nominal",
+          "realised_coverage_ttft")
 
 
 def _log(a: float, b: float) -> float:
@@ -60,6 +62,9 @@ def run_policy(scenario: Scenario, policy: str, seed: int, truth: WorldTruth,
     def recording(ev: Any, inputs: Any) -> Any:
         plan = original(ev, inputs)
         specs = {j.spec.id: j.spec for j in inputs.jobs}
+        # the share of TTFT p95 residuals that fell inside the radius in force when they
+        # arrived (out of sample), against the calibrator's target ``coverage``
+        realised = inputs.calibrator.realised_coverage("ttft_p95")
         for c in plan.choices:
             spec = specs.get(c.job_id)
             if (c.candidate_id is None or c.config is None or c.replicas < 1
@@ -78,7 +83,8 @@ def run_policy(scenario: Scenario, policy: str, seed: int, truth: WorldTruth,
                 "robust_rps": round(robust, 4), "nominal_rps": round(nominal, 4),
                 "true_rps": round(true, 4), "radius_ttft": round(float(ev.radius_ttft[i]), 4),
                 "log_robust": round(_log(robust, true), 4),
-                "log_nominal": round(_log(nominal, true), 4)})
+                "log_nominal": round(_log(nominal, true), 4),
+                "realised_coverage_ttft": round(realised, 4)})
         return plan
 
     tick_module.compose_stage = recording
@@ -93,11 +99,31 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def result_coverage_target(policy: str) -> float:
+    return VARIANTS[policy].coverage if policy in VARIANTS else float("nan")
+
+
+def _coverage_thirds(result: Any, rows: list[dict[str, Any]]) -> tuple[str, str]:
+    mine = [r for r in rows if r["policy"] == result.policy]
+    if not mine:
+        return "–", "–"
+    ticks = sorted({r["tick"] for r in mine})
+    span = (ticks[-1] - ticks[0]) / 3
+    early = _median([r["realised_coverage_ttft"] for r in mine
+                     if r["tick"] <= ticks[0] + span])
+    late = _median([r["realised_coverage_ttft"] for r in mine
+                    if r["tick"] >= ticks[-1] - span])
+    return f"{early:.2f}", f"{late:.2f}"
+
+
 def summarise(result: Any, rows: list[dict[str, Any]]) -> list[str]:
     lines = [f"## {result.policy}: score {result.metrics.overall_score:.2f}",
              "terms: " + ", ".join(f"{k} {v:.3f}"
                                    for k, v in result.metrics.score_terms.items()),
-             f"spend ${result.metrics.spend_usd:,.0f}", "",
+             f"spend ${result.metrics.spend_usd:,.0f}",
+             "TTFT radius's realised coverage (target {:.2f}), first → last third: {} → {}"
+             .format(result_coverage_target(result.policy), *_coverage_thirds(result, rows)),
+             "",
              "| job | ttft met | tpot met | GPU-h by family | moves | mean replicas "
              "| log robust/true first→last third | log nominal/true first→last |",
              "|---|---:|---:|---|---|---:|---|---|"]
