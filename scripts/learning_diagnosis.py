@@ -35,6 +35,8 @@ from koi.bench.jobs import job_activity
 from koi.bench.runner import run_once
 from koi.bench.suite import scenario_name
 from koi.catalog import load_catalog
+from koi.causal.observe import attribute
+from koi.causal.scope import scope_of
 from koi.jobs import OnlineJob
 from koi.planner.settings import VARIANTS
 from koi.scenario import parse_scenario
@@ -45,7 +47,7 @@ from koi.sim.world import load_world
 
 FIELDS = ("policy", "tick", "job", "offering", "accelerator", "replicas", "demand_rps",
           "robust_rps", "nominal_rps", "true_rps", "radius_ttft", "log_robust", "log_nominal",
-          "realised_coverage_ttft")
+          "realised_coverage_ttft", "evidence")
 
 
 def _log(a: float, b: float) -> float:
@@ -75,6 +77,13 @@ def run_policy(scenario: Scenario, policy: str, seed: int, truth: WorldTruth,
             true = truth.max_rate_rps(c.config, spec, offering)
             load = inputs.loads.get(c.job_id)
             robust, nominal = float(ev.max_rate_rps[i]), float(ev.nominal_max_rate_rps[i])
+            # where the row's TTFT correction comes from: its own scope ("own"), a wider
+            # one it backed off to ("wider"), or the prior ("prior": no scope has evidence)
+            own = scope_of(c.config, catalog)
+            belief = inputs.beliefs.lookup(attribute("ttft", None, inputs.beliefs.regimes),
+                                           own)
+            evidence = ("own" if belief.scope == own else
+                        "prior" if belief.support == 0 else "wider")
             rows.append({
                 "policy": policy, "tick": inputs.snapshot.tick, "job": c.job_id,
                 "offering": c.offering, "accelerator": c.config.accelerator,
@@ -84,7 +93,7 @@ def run_policy(scenario: Scenario, policy: str, seed: int, truth: WorldTruth,
                 "true_rps": round(true, 4), "radius_ttft": round(float(ev.radius_ttft[i]), 4),
                 "log_robust": round(_log(robust, true), 4),
                 "log_nominal": round(_log(nominal, true), 4),
-                "realised_coverage_ttft": round(realised, 4)})
+                "realised_coverage_ttft": round(realised, 4), "evidence": evidence})
         return plan
 
     tick_module.compose_stage = recording
