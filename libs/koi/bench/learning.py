@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import math
+import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,8 +120,6 @@ def stage_times(run: LearningRun) -> dict[str, tuple[float, float]]:
 
 def peak_rss_mib() -> float:
     """This process's peak resident memory so far, MiB (Linux reports KiB)."""
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

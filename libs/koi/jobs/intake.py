@@ -1,8 +1,9 @@
-"""Submission intake policy: the sender's deadline and per-submitter rate limits.
+"""Submission intake policy: the sender's deadline (per-submitter rate limits are not
+built yet: docs/RELIABILITY.md, "Left open").
 
-Pure functions and one small stateful bucket; time is passed in, never read here, and
-nothing here knows about NATS (the placer's ``services/placer/admission.py`` applies
-these to messages and their headers).
+Pure functions; time is passed in, never read here, and nothing here knows about NATS
+(the placer's ``services/placer/admission.py`` applies these to messages and their
+headers).
 
 The deadline travels as a *remaining budget* in milliseconds (``Koi-Deadline-Ms``,
 ``koi.subjects.HEADER_DEADLINE_MS``), not as an absolute time: the sender's and the
@@ -47,4 +48,3 @@ def late_by(now: float, deadline: float, expected_s: float,
     """How many seconds after ``deadline - margin_s`` an answer would come if the work
     still to do (``expected_s``) started ``now``; > 0 means answer busy instead."""
     return now + expected_s - (deadline - margin_s)
-
