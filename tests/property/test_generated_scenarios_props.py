@@ -2,11 +2,17 @@
 (development seeds 0-999 only), any sample fraction, and jobs as thin as 0.01 req/s,
 cut to their first ticks. A policy that raises in a tick is a failure here, not a
 skipped tick: the bench used to die at tick 5 of an unseen scenario (a window in which
-thinning keeps no request)."""
+thinning keeps no request). The policies that ask a language model ask a replay server
+(this is about Koi's code meeting odd scenarios and odd answers, not a model's quality,
+which tests/integration/test_rlm_live_model.py measures with the embedded model): a
+malformed body first, then an answer naming a job that does not exist."""
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
@@ -15,7 +21,7 @@ from hypothesis import strategies as st
 from koi.bench.runner import run_once
 from koi.catalog import load_catalog
 from koi.policies import policy_class, policy_names
-from koi.rlm.settings import endpoint_configured
+from koi.rlm.replay_server import ReplayServer
 from koi.scenario import parse_scenario
 from koi.scenario.generate import first_ticks, generate_scenario
 
@@ -37,15 +43,25 @@ def _thin(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "jobs": jobs}
 
 
-def _policies() -> list:
-    """Every policy; those that ask a language model only with an endpoint configured."""
-    skip = pytest.mark.skip(reason="needs KOI_RLM_BASE_URL and KOI_RLM_MODEL")
-    return [pytest.param(p, marks=skip)
-            if policy_class(p).needs_model and not endpoint_configured() else p
-            for p in policy_names()]
+# read by llm-only / llm-tools ("plan") and by koi-rlm ("hypotheses"): neither is valid
+ODD_ANSWER = json.dumps({
+    "plan": [{"job_id": "no-such-job", "option": 0, "offering": "x", "replicas": 3}],
+    "hypotheses": [{"claim": {"job_id": "no-such-job", "size": "large"}}]})
+SCRIPT = [{"raw": b'{"choices": [{"message": '}, {"content": ODD_ANSWER}]
 
 
-@pytest.mark.parametrize("policy", _policies())
+def _run(scn: Any, policy: str, seed: int, fraction: float) -> Any:
+    if not policy_class(policy).needs_model:
+        return run_once(scn, policy, seed=seed, sample_fraction=fraction, catalog=CATALOG)
+    with ReplayServer(SCRIPT, repeat_last=True) as srv, mock.patch.dict(os.environ, {
+            "KOI_RLM_BASE_URL": srv.base_url, "KOI_RLM_MODEL": "replay-model",
+            "KOI_RLM_TRANSCRIPTS": ""}):
+        result = run_once(scn, policy, seed=seed, sample_fraction=fraction, catalog=CATALOG)
+    assert srv.calls > 0, f"{policy} never asked its model"
+    return result
+
+
+@pytest.mark.parametrize("policy", policy_names())
 # no shrinking: an example costs 10-27 CPU-s for the profiling policies, and a failure
 # (a pytest-timeout included) shrunk with line tracing ran on for over 20 minutes on a
 # loaded machine; the failing seed, fraction and thin are in the assertion's message
@@ -57,6 +73,6 @@ def test_every_policy_runs_on_generated_scenarios(policy: str, seed: int, fracti
     data = first_ticks(generate_scenario(seed, "small", CATALOG), TICKS)
     assume(data["jobs"])  # every job of this one arrives after the first ticks
     scn = parse_scenario(_thin(data) if thin else data, catalog=CATALOG)
-    result = run_once(scn, policy, seed=seed, sample_fraction=fraction, catalog=CATALOG)
+    result = _run(scn, policy, seed, fraction)
     assert result.policy_failures == (), (seed, fraction, thin, result.policy_failures)
     assert result.record.horizon_s == TICKS * 60

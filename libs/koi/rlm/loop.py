@@ -124,7 +124,7 @@ class RoundOutcome:
         s = self.spend
         return {"prompt_tokens": str(s.prompt_tokens),
                 "completion_tokens": str(s.completion_tokens), "tokens": str(s.tokens),
-                "seconds": f"{s.seconds:.1f}", "calls": str(s.calls), "usd": f"{s.usd:.6f}",
+                "seconds": f"{s.seconds:.3f}", "calls": str(s.calls), "usd": f"{s.usd:.6f}",
                 "proposed": str(self.proposed), "accepted": str(len(self.hypotheses))}
 
     @staticmethod
