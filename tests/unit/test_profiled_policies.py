@@ -22,13 +22,14 @@ from koi.jobs import Arrival, BatchJob, LengthDist, OnlineJob, Slo
 from koi.metrics import metrics_for
 from koi.planner.candidates import MAX_REPLICAS
 from koi.planner.settings import KoiSettings
-from koi.policies import make_policy, policy_names
+from koi.policies import make_policy, policy_names, profiled
 from koi.policies.profiled import Profiled, scenario_accelerators
 from koi.policies.profiles import Predicted, slo_of
 from koi.scenario import parse_scenario
 from koi.scenario.generate import first_ticks, generate_scenario
 from koi.sim import Simulator
 from koi.sim.profile import RequestShape
+from koi.sim.world import load_world
 
 CAT = load_catalog()
 METHODS = ("bandit", "evolve", "melange-ilp", "regress-autoscale")
@@ -128,7 +129,19 @@ def test_profiles_are_measured_in_the_world_over_every_engine(runs) -> None:
 
 
 def test_a_profiled_run_is_deterministic_for_a_seed(runs) -> None:
-    assert _run("melange-ilp")[0] == runs["melange-ilp"][0]
+    """Also with its own profiler: in ``runs`` melange-ilp got the one bandit and evolve
+    had filled (``shared_profiler``); here a fresh one, and the same numbers."""
+    profiled._shared.clear()
+    again = _run("melange-ilp")
+    assert again[3].profiler is not runs["melange-ilp"][3].profiler
+    assert again[0] == runs["melange-ilp"][0]
+
+
+def test_the_policies_of_one_scenario_and_seed_share_a_profiler(runs) -> None:
+    held = {id(runs[m][3].profiler) for m in METHODS}
+    first = runs[METHODS[0]][3].profiler
+    assert len(held) == 1 and first is not None
+    assert profiled.shared_profiler(load_world(), CAT, SEED + 1) is not first
 
 
 # --- the un-profiled variants: today's decisions ----------------------------------------------

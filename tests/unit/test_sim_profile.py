@@ -34,6 +34,16 @@ def test_a_profile_is_deterministic_for_a_seed() -> None:
         [s * a.saturation.rps for s in GRID[:len(a.points)]])
 
 
+def test_what_a_profiler_measures_does_not_depend_on_what_it_measured_before() -> None:
+    """Why the profiled policies may share one (``koi.policies.profiled.shared_profiler``)."""
+    other = default_config("llama-3.1-8b", "a100-80gb", CAT, tp=1)
+    assert CFG is not None and other is not None
+    used = profiler()
+    used.profile(other, RequestShape(300, 900))
+    used.max_rate_under_slo(CFG, SHAPE, 0.05, 0.01)   # a tight SLO: part of the sweep
+    assert used.profile(CFG, SHAPE) == profiler().profile(CFG, SHAPE)
+
+
 def test_the_noise_is_on() -> None:
     assert CFG is not None
     quiet = dataclasses.replace(load_world(), noise_sigma=0.0)

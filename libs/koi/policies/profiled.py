@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -38,6 +39,7 @@ from koi.policies.base import Policy
 from koi.policies.profiles import PerShape, ProfileBook, accelerator_summary, slo_of
 from koi.predictor.types import Workload
 from koi.scenario.types import Scenario
+from koi.scenario.world import WorldParams
 from koi.sim.profile import Profiler, RequestShape
 from koi.sim.world import load_world
 from koi.space import DeploymentConfig
@@ -58,6 +60,29 @@ def scenario_accelerators(scenario: Scenario, catalog: Catalog) -> dict[str, tup
     """accelerator → (cheapest $/GPU-hour, largest offering's GPUs) of the scenario's fleet
     at t=0: ``fleet_accelerators``' answer before the first snapshot."""
     return accelerator_summary(((e.offering, e.gpus) for e in scenario.fleet), catalog)
+
+
+SHARED_PROFILERS = 4
+"""Profilers ``shared_profiler`` keeps in a process (least recently used dropped)."""
+
+_shared: OrderedDict[tuple[str, int, int], tuple[Catalog, Profiler]] = OrderedDict()
+
+
+def shared_profiler(world: WorldParams, catalog: Catalog, seed: int) -> Profiler:
+    """The process's profiler for (world, catalog, seed). The profiled policies of one
+    scenario and seed measure the same replicas, and a ``Profiler``'s random streams are
+    fixed per seed and measurement, so what it returns does not depend on who asked
+    before: sharing it only saves the measuring (four policies did it four times)."""
+    key = (repr(world), id(catalog), seed)
+    hit = _shared.get(key)
+    if hit is not None and hit[0] is catalog:
+        _shared.move_to_end(key)
+        return hit[1]
+    profiler = Profiler(world, catalog, seed=seed)
+    _shared[key] = (catalog, profiler)  # the catalog kept alive: its id stays its own
+    while len(_shared) > SHARED_PROFILERS:
+        _shared.popitem(last=False)
+    return profiler
 
 
 # --- profile sources ------------------------------------------------------------------------
@@ -130,7 +155,8 @@ class Unprepared:
 
 class Profiled(Policy):
     """Put first among a practitioner policy's bases: Koi's limits, every engine, and a
-    profiler on the run's world made at ``prepare`` (``use_profiler`` hands it on)."""
+    profiler on the run's world at ``prepare`` (``shared_profiler``; ``use_profiler`` hands
+    it on)."""
 
     engines: ClassVar[tuple[str, ...]] = ENGINES
     max_replicas: ClassVar[int] = MAX_REPLICAS
@@ -142,10 +168,11 @@ class Profiled(Policy):
         """Profile the scenario's jobs on its fleet in the world the simulator will build."""
         started = time.perf_counter()
         world = load_world(scenario.world, seed, scenario.randomize_world)
-        self.profiler = Profiler(world, self.catalog, seed=seed)
+        self.profiler = shared_profiler(world, self.catalog, seed)
+        before = self.profiler.runs
         self.use_profiler(self.profiler, scenario)
         log.info("replicas_profiled", policy=self.name, scenario=scenario.name, seed=seed,
-                 replica_runs=self.profiler.runs,
+                 replica_runs=self.profiler.runs - before,
                  seconds=round(time.perf_counter() - started, 2))
 
     def use_profiler(self, profiler: Profiler, scenario: Scenario) -> None:
