@@ -212,20 +212,22 @@ class _Chat:
 
 def test_the_compact_question_fits_its_token_budget_and_names_only_the_ticks_own() -> None:
     cat, snap = F.catalog(), F.snapshot()
-    small = RlmSettings(model="m", prompt="compact", tools=False, prompt_max_tokens=700)
+    small = RlmSettings(model="m", prompt="compact", tools=False, prompt_max_tokens=900)
     full = direct.menus(snap, cat)
-    answer = {"plan": [{"job_id": "chat-eu", "option": 0, "offering": F.L4_OD,
-                        "replicas": 1}]}
+    answer = {"plan": {"chat-eu": {"option": 0, "offering": F.L4_OD, "replicas": 1}}}
     chat = _Chat(json.dumps(answer))
     got = direct.ask(snap, cat, chat, small)
     (request,) = chat.requests
-    assert request.chars() <= 700 * CHARS_PER_TOKEN
+    assert request.chars() <= 900 * CHARS_PER_TOKEN
     user = request.messages[1]["content"]
     listed = json.loads(user[user.index("{"):user.rindex("}") + 1])["menus"]
     assert 1 <= max(map(len, listed.values())) < max(map(len, full.values()))
-    schema = request.response_format["json_schema"]["schema"]["properties"]["plan"]
-    assert set(schema["items"]["properties"]["job_id"]["enum"]) == set(full)
-    assert F.L4_OD in schema["items"]["properties"]["offering"]["enum"]
+    plan = request.response_format["json_schema"]["schema"]["properties"]["plan"]
+    assert plan["required"] == list(full) and not plan["additionalProperties"]  # each once
+    place, _defer = plan["properties"]["batch-sum"]["anyOf"]
+    assert F.L4_OD in place["properties"]["offering"]["enum"]
+    assert place["properties"]["option"]["maximum"] == len(listed["batch-sum"]) - 1
+    assert set(place["required"]) == {"option", "offering", "replicas"}
     # the running config (option 0) is on h100: an l4 offering is not one of its own
     assert got.targets == [] and "not one of the fleet's h100-sxm" in got.dropped[0]
     roomy = direct.ask(snap, cat, _Chat(json.dumps(answer)),
