@@ -134,6 +134,7 @@ def test_an_exploration_becomes_one_candidate_per_value(world) -> None:
     ({"size": float("nan")}, "finite"),
     ({"why": []}, "cites no evidence"),
     ({"why": ["mechanism:deadbeef0000"]}, "playbook does not have"),
+    ({"why": ["residual:chat-8b/tpot_p95"]}, "residual of job 'chat-8b', which is not in"),
     ({"test": {}}, "no test"),
     ({"direction": "sideways"}, "increase or decrease"),
 ])

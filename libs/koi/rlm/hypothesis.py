@@ -485,7 +485,8 @@ def validate(h: Hypothesis, graph: Collection[Edge], catalog: Catalog,
     not exist; a size outside ``SIZE_RANGE``, ×1, or against its direction; an expiry
     not after ``tick`` or beyond ``max_ttl_ticks``; tests naming unknown jobs, another
     model, parts the catalog lacks or the fleet does not offer, or configurations
-    ``space.check`` refuses; citations of mechanisms the playbook does not have."""
+    ``space.check`` refuses; citations of mechanisms the playbook does not have, or of
+    residuals of jobs the fleet does not have."""
     problems: list[str] = []
     if h.edge not in graph:
         problems.append(f"unknown edge {printable(h.edge[0], 60)} → {printable(h.edge[1], 60)}"
@@ -504,6 +505,11 @@ def validate(h: Hypothesis, graph: Collection[Edge], catalog: Catalog,
         if kind.strip() == "mechanism" and ref.strip() not in space.mechanisms:
             problems.append(f"cites mechanism {printable(ref.strip(), 40)!r}, which the"
                             " playbook does not have")
+        cited_job = ref.partition("/")[0].strip()
+        if kind.strip() == "residual" and cited_job not in jobs:
+            # a small model copies the prompt's worked example ("residual:chat-8b/...")
+            problems.append(f"cites a residual of job {printable(cited_job, 60)!r}, which"
+                            " is not in the fleet")
     problems += _test_problems(h, catalog, jobs, space)
     return problems
 
