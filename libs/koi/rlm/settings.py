@@ -158,7 +158,7 @@ class RlmSettings(BaseModel):
             raise ValueError(_env_errors(err)) from None
 
 
-# What a small model on a few CPU cores needs (the embedded default, docs/RLM.md §11):
+# What a small model on a few CPU cores needs (the embedded default, docs/RLM.md §19):
 # one short call per round, a prompt of ~1,200 tokens, a bounded answer, a patient
 # timeout. The embedded launcher applies these where the environment sets nothing.
 SMALL_MODEL_PROFILE: dict[str, str] = {
