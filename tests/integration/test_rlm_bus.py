@@ -36,11 +36,11 @@ HORIZON_S = 480.0   # 8 ticks: the answer comes after tick 2 and enters tick 4 o
 GATE_TICKS = 3      # ticks the simulator finishes before the model answers
 JOB = "chat-us-8b"  # hetero-3h, llama-3.1-8b, active from tick 0
 HYPOTHESIS = F.hypothesis_doc(
-    expires_tick=60, test={"configs": [{"job_id": JOB, "config": {
+    expires_tick=60, why=[f"residual:{JOB}/tpot_p95"], test={"configs": [{"job_id": JOB, "config": {
         "accelerator": "l4", "tp": 1, "max_num_seqs": 96}}]})
 # a part no catalog has: dropped, with the reason, and still about the job
 HALLUCINATED = F.hypothesis_doc(
-    expires_tick=60, scope={"accelerator": "h900"}, test={"configs": [{"job_id": JOB, "config": {
+    expires_tick=60, why=[f"residual:{JOB}/tpot_p95"], scope={"accelerator": "h900"}, test={"configs": [{"job_id": JOB, "config": {
         "accelerator": "l4", "tp": 1, "max_num_seqs": 64}}]})
 
 

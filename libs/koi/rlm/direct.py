@@ -179,10 +179,11 @@ def compact_data(context: Mapping[str, Any], menu: Mapping[str, Sequence[Deploym
     menus; jobs dropped from the end (the least urgent) while it is over ``chars``."""
     fleet = [{k: f[k] for k in ("offering", "gpus_free", "usd_per_gpu_hour") if k in f}
              for f in context.get("fleet", ())]
-    data = {"tick": context.get("tick"), "jobs": list(context.get("jobs", ())),
-            "fleet": fleet, "menus": menu_data(menu, compact=True)}
-    while len(quote_data(data)) > chars and data["jobs"]:
-        data["jobs"].pop()
+    jobs: list[Any] = list(context.get("jobs", ()))
+    data = {"tick": context.get("tick"), "jobs": jobs, "fleet": fleet,
+            "menus": menu_data(menu, compact=True)}
+    while len(quote_data(data)) > chars and jobs:
+        jobs.pop()
     return data
 
 
