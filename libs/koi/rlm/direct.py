@@ -151,7 +151,7 @@ def compact_menus(menu: Mapping[str, Sequence[DeploymentConfig]], chars: int
 def plan_format(menu: Mapping[str, Sequence[DeploymentConfig]],
                 offerings: Mapping[str, str]) -> dict[str, Any]:
     """The compact question's ``response_format``: ``plan`` an object with one required
-    entry per job, in order (a grammar then writes each job once and stops), each an
+    entry per job (a grammar then writes each job once and stops), each an
     option on that job's menu, an offering of its accelerator and a replica count, or a
     deferral. ``offerings``: offering → accelerator."""
     def entry(opts: Sequence[DeploymentConfig]) -> dict[str, Any]:
