@@ -107,11 +107,16 @@ PLAN_FORMAT: dict[str, Any] = {"type": "json_schema", "json_schema": {
     "name": "koi_plan", "schema": PLAN_SCHEMA, "strict": False}}
 
 
+def fleet_offerings(snapshot: ClusterSnapshot, catalog: Catalog) -> dict[str, str]:
+    """Offering → accelerator of every catalog offering the fleet has GPUs in."""
+    return {c.offering: catalog.offerings[c.offering].accelerator for c in snapshot.capacity
+            if c.total_gpus > 0 and c.offering in catalog.offerings}
+
+
 def menus(snapshot: ClusterSnapshot, catalog: Catalog) -> dict[str, list[DeploymentConfig]]:
     """Per active job, its options: the running configuration first, then up to
     ``MENU_PER_ACCELERATOR`` of the proposer's best-first grid per accelerator."""
-    accels = sorted({catalog.offering(c.offering).accelerator for c in snapshot.capacity
-                     if c.total_gpus > 0 and c.offering in catalog.offerings})
+    accels = sorted(set(fleet_offerings(snapshot, catalog).values()))
     out: dict[str, list[DeploymentConfig]] = {}
     for job in active_jobs(snapshot):
         live = [d for d in snapshot.deployments_of(job.id)
@@ -141,11 +146,11 @@ def compact_menus(menu: Mapping[str, Sequence[DeploymentConfig]], chars: int
     """``menu`` with the fewest options cut that brings it within ``chars`` characters of
     JSON: ``COMPACT_MENU_PER_JOB`` options a job at most, down to one (the running
     configuration, or the proposer's best) when the budget is that tight."""
-    for k in range(COMPACT_MENU_PER_JOB, 0, -1):
+    for k in range(COMPACT_MENU_PER_JOB, 1, -1):
         cut = {job: list(opts[:k]) for job, opts in menu.items()}
-        if k == 1 or len(quote_data(menu_data(cut, compact=True))) <= chars:
+        if len(quote_data(menu_data(cut, compact=True))) <= chars:
             return cut
-    return {}  # unreachable: k == 1 returns
+    return {job: list(opts[:1]) for job, opts in menu.items()}
 
 
 def plan_format(menu: Mapping[str, Sequence[DeploymentConfig]],
@@ -241,7 +246,7 @@ def read_plan(doc: Any, menu: Mapping[str, Sequence[DeploymentConfig]],
     if not isinstance(doc, dict) or not isinstance(doc.get("plan"), list):
         return [], ["the answer has no plan list: every job keeps what it has"]
     total = {c.offering: c.total_gpus for c in snapshot.capacity}
-    offers = {o: catalog.offerings[o].accelerator for o in total if o in catalog.offerings}
+    offers = fleet_offerings(snapshot, catalog)
     entries = doc["plan"]
     named = {e.get("job_id") for e in entries if isinstance(e, dict)}
     # GPUs held by jobs the answer leaves alone stay theirs
@@ -287,10 +292,7 @@ def ask(snapshot: ClusterSnapshot, catalog: Catalog, chat: ChatPort, settings: R
         budget_chars = int(settings.prompt_max_tokens * CHARS_PER_TOKEN) - len(system) - len(
             DIRECT_TASK) - len(json.dumps(list(tools)))
         menu = compact_menus(menu, budget_chars // 2)
-        offers = {c.offering: catalog.offerings[c.offering].accelerator
-                  for c in snapshot.capacity
-                  if c.total_gpus > 0 and c.offering in catalog.offerings}
-        fmt = plan_format(menu, offers)
+        fmt = plan_format(menu, fleet_offerings(snapshot, catalog))
         context = build_context(snapshot, catalog)
         listed = compact_data(context.data, menu, max(MIN_CONTEXT_CHARS, budget_chars))
     else:
