@@ -23,6 +23,7 @@ chosen here: a proposal is priced per offering later. No prediction, no scoring.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -86,60 +87,159 @@ def propose(job_id: str, model: str, accelerators: Iterable[str], catalog: Catal
     """Valid candidate configurations for one job, best-first: ``max_per_job`` of them,
     plus up to ``guided`` that the running deployment's mediators point at."""
     lim = limits or ProposerLimits()
-    # (proposal, tiebreak key) pairs; grid configs are unique, so only the running
-    # configuration can appear twice
-    items: list[tuple[Proposal, tuple]] = []
-    guided: list[tuple[float, Proposal]] = []  # (mediator score, proposal)
     base = current.with_(offering="", replicas=1) if current is not None else None
-    if base is not None:
-        items.append((Proposal(job_id, base, "keep the running configuration",
-                               priority=100.0), _tiebreak(base)))
+    # per accelerator its candidates best-first; the running configuration joins its own
+    # accelerator's list with the first priority
+    parts: dict[str, _Part] = {}
     for accel in sorted(set(accelerators)):
-        grid, grid_keys = _grid_cached(model, accel, catalog, *_grid_args(lim))
-        # the mechanisms that can apply on this part, and what they say, found once per
-        # (engine, tp)
-        here = [m for m in mechanisms if m.accelerator in ("*", accel)]
-        in_scope: dict[tuple[str, int], tuple[float, list[str], tuple[str, ...]]] = {}
-        for cfg, key in zip(grid, grid_keys, strict=True):
-            if base is not None and key == items[0][1] and cfg == base:
+        parts[accel] = _Part.of(_grid_sorted(model, accel, catalog, *_grid_args(lim)),
+                                [m for m in mechanisms if m.accelerator in ("*", accel)])
+    if base is not None:
+        if base.accelerator not in parts:
+            parts[base.accelerator] = _Part.of(_SortedGrid.of(()), ())
+        parts[base.accelerator].drop(base)
+        parts[base.accelerator].keep(base)
+    mediated = _mediators_point(current, hints)
+
+    def proposal(cfg: DeploymentConfig, priority: float) -> Proposal:
+        if cfg is base:
+            return Proposal(job_id, cfg, "keep the running configuration", priority=priority)
+        mech_ids, why = parts[cfg.accelerator].said(cfg)
+        guide_why = _mediator_priority(cfg, current, hints, catalog)[1] if mediated else []
+        return Proposal(job_id, cfg, "; ".join(guide_why + why) or "explore the space",
+                        mech_ids, priority)
+
+    ranked = [proposal(cfg, score) for cfg, score in _interleave(parts, lim.max_per_job)]
+    # (guide, its order in the evidence-free ranking, config, priority) of each
+    # candidate the running deployment's mediators point at
+    guided: list[tuple[float, tuple, DeploymentConfig, float]] = []
+    for accel, part in parts.items() if mediated else ():
+        for r in range(len(part.order)):
+            cfg = part.config(r)
+            if cfg is base:
                 continue
-            said = in_scope.get((cfg.engine, cfg.tp))
-            if said is None:
-                said = in_scope[(cfg.engine, cfg.tp)] = _mechanism_priority(
-                    [m for m in here if _in_scope(cfg, m)])
-            score, why, mech_ids = said
-            guide, guide_why = _mediator_priority(cfg, current, hints, catalog)
-            text = "; ".join(guide_why + why) or "explore the space"
-            items.append((Proposal(job_id, cfg, text, mech_ids, score), key))
+            guide = _mediator_priority(cfg, current, hints, catalog)[0]
             if guide > 0:
-                guided.append((guide, Proposal(job_id, cfg, text, mech_ids, score + guide)))
-    ranked = _interleave(items)
+                score = part.scores[r]
+                guided.append((guide, (-max(score, 0.0), r, accel), cfg, score))
     if not guided:
-        return ranked[: lim.max_per_job]
+        return ranked
     # the running configuration, the best-guided candidates, then the capped set the
     # evidence-free order gives (guided ones on top of it, not instead of its members)
-    rank = {p.config: i for i, p in enumerate(ranked)}
-    picks = [p for _, p in sorted(guided, key=lambda g: (-g[0], rank[g[1].config]))
-             ][: lim.guided]
-    chosen = {p.config for p in picks}
+    picks = sorted(guided, key=lambda g: (-g[0], g[1]))[: lim.guided]
+    chosen = {cfg for _, _, cfg, _ in picks}
     head = ranked[:1] if base is not None else []
-    rest = [p for p in ranked[len(head): lim.max_per_job] if p.config not in chosen]
-    return head + picks + rest
+    rest = [p for p in ranked[len(head):] if p.config not in chosen]
+    return head + [proposal(cfg, score + guide) for guide, _, cfg, score in picks] + rest
 
 
-def _interleave(items: list[tuple[Proposal, tuple]]) -> list[Proposal]:
-    """Best-first, and every part of the fleet represented under a cap: promoted
-    candidates (priority > 0) first; then the accelerators in turn, each part's own
-    candidates best-first — a mechanism that demotes a part's candidates moves them down
-    that part's list, never out of the capped set (the evaluator prices what the beliefs
-    learnt; dropping a part would leave a job nowhere to go when the rest cannot serve
-    it). ``items``: (proposal, its config's ``_tiebreak`` key) pairs."""
-    by_accel: dict[str, list[Proposal]] = {}
-    for p, _ in sorted(items, key=lambda item: (-item[0].priority, item[1])):
-        by_accel.setdefault(p.config.accelerator, []).append(p)
-    rank = {id(p): i for group in by_accel.values() for i, p in enumerate(group)}
-    return sorted((p for p, _ in items),
-                  key=lambda p: (-max(p.priority, 0.0), rank[id(p)], p.config.accelerator))
+def _mediators_point(current: DeploymentConfig | None, hints: Hints | None) -> bool:
+    """Whether ``_mediator_priority`` can promote any candidate (its conditions on the
+    running deployment's mediators, without the candidate)."""
+    if current is None or hints is None:
+        return False
+    preempting = hints.kv_preemptions is None or hints.kv_preemptions > 0
+    return ((hints.kv_pressure > 0.85 and preempting) or hints.comm_overhead_frac > 0.25
+            or hints.queue_util > 0.85)
+
+
+_KEEP = 100.0  # the running configuration's priority: first in its part, always kept
+
+
+class _Part:
+    """One accelerator's candidates for a job, best-first (priority down, then
+    ``_tiebreak``): positions into the part's key-sorted grid (``_grid_sorted``), -1 for
+    the running configuration when it joins."""
+
+    __slots__ = ("base", "grid", "order", "said_by", "scores")
+
+    def __init__(self, grid: _SortedGrid, order: list[int], scores: list[float],
+                 said_by: dict[tuple[str, int], _Said]) -> None:
+        self.grid, self.order, self.scores, self.said_by = grid, order, scores, said_by
+        self.base: DeploymentConfig | None = None
+
+    @classmethod
+    def of(cls, grid: _SortedGrid, mechanisms: Sequence[MechanismHint]) -> _Part:
+        """The part's grid ordered by what ``mechanisms`` (those that can apply on this
+        part) say of each (engine, tp): a stable sort of the key-sorted grid by priority
+        is the (priority, key) order."""
+        said_by = {combo: _mechanism_priority([m for m in mechanisms
+                                               if _in_scope(*combo, m)])
+                   for combo in grid.by_combo} if mechanisms else {}
+        if not any(said[0] for said in said_by.values()):
+            return cls(grid, list(range(len(grid.configs))), [0.0] * len(grid.configs),
+                       said_by)
+        order: list[int] = []
+        scores: list[float] = []
+        levels = sorted({said[0] for said in said_by.values()}, reverse=True)
+        for level in levels:
+            at = sorted(i for combo, said in said_by.items() if said[0] == level
+                        for i in grid.by_combo[combo])
+            order += at
+            scores += [level] * len(at)
+        return cls(grid, order, scores, said_by)
+
+    def config(self, r: int) -> DeploymentConfig:
+        i = self.order[r]
+        return self.grid.configs[i] if i >= 0 else self.base  # type: ignore[return-value]
+
+    def drop(self, cfg: DeploymentConfig) -> None:
+        """Leave out the grid's copy of ``cfg`` (the running configuration joins with its
+        own priority)."""
+        i = self.grid.position.get(cfg)
+        if i is not None:
+            r = self.order.index(i)
+            del self.order[r], self.scores[r]
+
+    def keep(self, base: DeploymentConfig) -> None:
+        """Add the running configuration at its place in the (priority, key) order."""
+        key = (-_KEEP, _tiebreak(base))
+        r = bisect_left(range(len(self.order)), key,
+                        key=lambda r: (-self.scores[r], self.grid.keys[self.order[r]]))
+        self.base = base
+        self.order.insert(r, -1)
+        self.scores.insert(r, _KEEP)
+
+    def said(self, cfg: DeploymentConfig) -> tuple[tuple[str, ...], list[str]]:
+        """The mechanisms cited for ``cfg`` and the words for why."""
+        said = self.said_by.get((cfg.engine, cfg.tp))
+        return (said[2], said[1]) if said else ((), [])
+
+    def runs(self) -> list[tuple[float, int, int]]:
+        """(level, first position, end) of each run of one ``max(priority, 0)``."""
+        out: list[tuple[float, int, int]] = []
+        for r, score in enumerate(self.scores):
+            level = max(score, 0.0)
+            if out and out[-1][0] == level:
+                out[-1] = (level, out[-1][1], r + 1)
+            else:
+                out.append((level, r, r + 1))
+        return out
+
+
+def _interleave(parts: dict[str, _Part], k: int) -> list[tuple[DeploymentConfig, float]]:
+    """The first ``k`` (config, priority) pairs, best-first and every part of the fleet
+    represented under the cap: promoted candidates (priority > 0) first; then the
+    accelerators in turn, each part's own candidates best-first — a mechanism that
+    demotes a part's candidates moves them down that part's list, never out of the capped
+    set (the evaluator prices what the beliefs learnt; dropping a part would leave a job
+    nowhere to go when the rest cannot serve it). The order is (−max(priority, 0),
+    position in its part, accelerator)."""
+    runs: dict[float, list[tuple[str, int, int]]] = {}
+    for accel in sorted(parts):
+        for level, first, end in parts[accel].runs():
+            runs.setdefault(level, []).append((accel, first, end))
+    out: list[tuple[DeploymentConfig, float]] = []
+    for level in sorted(runs, reverse=True):
+        at = runs[level]
+        for r in range(min(f for _, f, _ in at), max(e for _, _, e in at)):
+            for accel, first, end in at:
+                if first <= r < end:
+                    part = parts[accel]
+                    out.append((part.config(r), part.scores[r]))
+                    if len(out) == k:
+                        return out
+    return out
 
 
 def _tiebreak(cfg: DeploymentConfig) -> tuple:
@@ -153,14 +253,43 @@ def _grid_args(lim: ProposerLimits) -> tuple:
             lim.extra_engine_defaults)
 
 
+_Said = tuple[float, list[str], tuple[str, ...]]  # _mechanism_priority's answer
+
+
+@dataclass(frozen=True)
+class _SortedGrid:
+    """An accelerator's grid in ``_tiebreak`` order (stable: equal keys keep the grid's
+    order), with each config's position and the positions of each (engine, tp)."""
+
+    configs: tuple[DeploymentConfig, ...]
+    keys: tuple[tuple, ...]
+    position: dict[DeploymentConfig, int]
+    by_combo: dict[tuple[str, int], list[int]]
+
+    @classmethod
+    def of(cls, grid: Sequence[DeploymentConfig]) -> _SortedGrid:
+        keyed = sorted(((_tiebreak(c), c) for c in grid), key=lambda kc: kc[0])
+        configs = tuple(c for _, c in keyed)
+        by_combo: dict[tuple[str, int], list[int]] = {}
+        for i, c in enumerate(configs):
+            by_combo.setdefault((c.engine, c.tp), []).append(i)
+        return cls(configs, tuple(k for k, _ in keyed),
+                   {c: i for i, c in enumerate(configs)}, by_combo)
+
+
 @lru_cache(maxsize=4096)
-def _grid_cached(model: str, accelerator: str, catalog: Catalog, tps: tuple[int, ...],
+def _grid_sorted(model: str, accelerator: str, catalog: Catalog, *grid_args: object
+                 ) -> _SortedGrid:
+    """``_grid`` sorted (cached: pure)."""
+    return _SortedGrid.of(_grid(model, accelerator, catalog, *grid_args))  # type: ignore[arg-type]
+
+
+def _grid(model: str, accelerator: str, catalog: Catalog, tps: tuple[int, ...],
                  precisions: tuple[str, ...], engines: tuple[str, ...],
                  kv_dtypes: tuple[str, ...], seqs: tuple[int, ...],
                  engine_defaults: bool
-                 ) -> tuple[tuple[DeploymentConfig, ...], tuple[tuple, ...]]:
-    """Every valid combination of the knobs the proposer varies, and each one's
-    ``_tiebreak`` key (cached: pure)."""
+                 ) -> list[DeploymentConfig]:
+    """Every valid combination of the knobs the proposer varies."""
     out = []
     for engine in engines:
         eng = catalog.engine(engine)
@@ -177,7 +306,7 @@ def _grid_cached(model: str, accelerator: str, catalog: Catalog, tps: tuple[int,
                             max_batched_tokens=max(eng.default_max_batched_tokens, n))
                         if not validate(cfg, catalog):
                             out.append(cfg)
-    return tuple(out), tuple(_tiebreak(c) for c in out)
+    return out
 
 
 def _mediator_priority(cfg: DeploymentConfig, current: DeploymentConfig | None,
@@ -229,6 +358,6 @@ def _mechanism_priority(mechanisms: Sequence[MechanismHint]
     return score, reasons, tuple(ids)
 
 
-def _in_scope(cfg: DeploymentConfig, m: MechanismHint) -> bool:
-    return ((m.accelerator in ("*", cfg.accelerator)) and (m.engine in ("*", cfg.engine))
-            and (m.tp in (0, cfg.tp)))
+def _in_scope(engine: str, tp: int, m: MechanismHint) -> bool:
+    """Whether ``m`` (one that can apply on the part) holds an (engine, tp) of it."""
+    return m.engine in ("*", engine) and m.tp in (0, tp)
