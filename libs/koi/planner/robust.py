@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -39,7 +40,7 @@ from koi.causal.store import BeliefStore
 from koi.dro import DroCalibrator
 from koi.predictor.api import evaluate_matrix, wrap_outputs
 from koi.predictor.calibration import Calibration
-from koi.predictor.columns import OUT
+from koi.predictor.columns import IN, OUT
 from koi.predictor.features import build_inputs
 from koi.predictor.passes import scale_passes
 from koi.predictor.types import LoadMode, Prediction, Workload
@@ -121,6 +122,9 @@ def robustness_fn(beliefs: BeliefStore | None, radii: Mapping[str, float],
     the prior model, no correction) and ``radii`` (``planned_radii``). Cached per
     (configuration, regime)."""
     cache: dict = {}
+    # the corrections depend on the mediators only through the regime they pick
+    # (``BeliefStore.correction``), and on the configuration only through its scope
+    by_scope: dict = {}
 
     def robustness(config: DeploymentConfig,
                    mediators: Mapping[str, float] | None = None) -> Robustness:
@@ -129,11 +133,15 @@ def robustness_fn(beliefs: BeliefStore | None, radii: Mapping[str, float],
             tuple(attribute(o, mediators, beliefs.regimes) for o in LEARNT_OUTCOMES)
         key = (config, regime)
         if key not in cache:
-            learnt = NOMINAL if beliefs is None else \
-                corrections(beliefs, scope_of(config, catalog), mediators)
-            cache[key] = replace(learnt, radius_ttft=radii.get("ttft_p95", 0.0),
-                                 radius_tpot=radii.get("tpot_p95", 0.0),
-                                 radius_tput=radii.get("throughput", 0.0))
+            scope = None if beliefs is None else scope_of(config, catalog)
+            if (scope, regime) not in by_scope:
+                learnt = NOMINAL if beliefs is None or scope is None else \
+                    corrections(beliefs, scope, mediators)
+                by_scope[(scope, regime)] = replace(
+                    learnt, radius_ttft=radii.get("ttft_p95", 0.0),
+                    radius_tpot=radii.get("tpot_p95", 0.0),
+                    radius_tput=radii.get("throughput", 0.0))
+            cache[key] = by_scope[(scope, regime)]
         return cache[key]
 
     return robustness
@@ -162,17 +170,15 @@ def graph_mediators(kv_pressure: float, comm_overhead_frac: float,
             "queue_util": float(queue_util)}
 
 
-def tightened_slo(slo_ms: float, mult: float, radius: float) -> float:
-    """The SLO a prediction must meet for its robust value to meet ``slo_ms``."""
-    return slo_ms / (mult * math.exp(radius)) if slo_ms > 0 else 0.0
+def _exp(x: np.ndarray) -> np.ndarray:
+    """``math.exp`` of each element, computed once per distinct value (the radii take a
+    few values over many rows; ``math.exp`` keeps each row's number what it is alone)."""
+    values, where = np.unique(x, return_inverse=True)
+    return np.array([math.exp(v) for v in values], dtype=float)[where.reshape(x.shape)]
 
 
-def learnt_inputs(pairs: Sequence[tuple], pass_mult: np.ndarray, catalog: Catalog,
-                  calibration: Calibration | None) -> np.ndarray:
-    """Kernel inputs of (config, workload) ``pairs`` on their learnt passes (``pass_mult``
-    per pair; 1 = as the model has them), as online candidates are predicted."""
-    X = build_inputs(pairs, catalog, calibration)
-    return scale_passes(X, pass_mult) if np.any(pass_mult != 1.0) else X
+def _column(robust: Sequence[Robustness], name: str) -> np.ndarray:
+    return np.fromiter((getattr(r, name) for r in robust), dtype=float, count=len(robust))
 
 
 @dataclass(frozen=True)
@@ -183,24 +189,35 @@ class RobustRows:
     Y: np.ndarray
     robustness: tuple[Robustness, ...]
 
+    @cached_property
+    def ttft_factors(self) -> np.ndarray:
+        """Each row's ``Robustness.ttft_factor``."""
+        return (_column(self.robustness, "ttft_mult")
+                * _exp(_column(self.robustness, "radius_ttft")))
+
+    @cached_property
+    def tpot_factors(self) -> np.ndarray:
+        return (_column(self.robustness, "tpot_mult")
+                * _exp(_column(self.robustness, "radius_tpot")))
+
     @property
     def ttft_p95_ms(self) -> np.ndarray:
-        return self.Y[OUT["ttft_p95"]] * 1e3 * np.array([r.ttft_factor
-                                                          for r in self.robustness])
+        return self.Y[OUT["ttft_p95"]] * 1e3 * self.ttft_factors
 
     @property
     def tpot_p95_ms(self) -> np.ndarray:
-        return self.Y[OUT["tpot_p95"]] * 1e3 * np.array([r.tpot_factor
-                                                          for r in self.robustness])
+        return self.Y[OUT["tpot_p95"]] * 1e3 * self.tpot_factors
 
     @property
     def max_rate_rps(self) -> np.ndarray:
         """Req/s one replica sustains within the SLO robustly."""
         return self.Y[OUT["max_rate_slo"]] * self.rate_factors
 
-    @property
+    @cached_property
     def rate_factors(self) -> np.ndarray:
-        return np.array([r.rate_factor for r in self.robustness])
+        """Each row's ``Robustness.rate_factor``."""
+        return np.minimum(_column(self.robustness, "tput_mult")
+                          * _exp(-_column(self.robustness, "radius_tput")), 1.0)
 
     def mediators(self, j: int) -> dict[str, float]:
         """Row ``j``'s predicted mediators under the causal graph's names."""
@@ -215,20 +232,27 @@ def robust_rows(pairs: Sequence[tuple[DeploymentConfig, Workload]],
     """Rows (config, workload with its own SLOs) with their base-regime ``robust``, in
     one ``run`` of the kernel: a saturated row takes ``regime(config, mediators)``'s
     corrections after the kernel (None: it keeps its own)."""
-    saturated = np.array([wl.mode == LoadMode.SATURATED for _, wl in pairs], dtype=bool)
-    tight = [(cfg, replace(wl, slo_ttft_ms=tightened_slo(wl.slo_ttft_ms, r.ttft_mult,
-                                                         r.radius_ttft),
-                           slo_tpot_ms=tightened_slo(wl.slo_tpot_ms, r.tpot_mult,
-                                                     r.radius_tpot)))
-             for (cfg, wl), r in zip(pairs, robust, strict=True)]
-    Y = run(learnt_inputs(tight, np.where(saturated, 1.0, [r.pass_mult for r in robust]),
-                          catalog, calibration))
+    saturated = np.fromiter((wl.mode == LoadMode.SATURATED for _, wl in pairs), dtype=bool,
+                            count=len(pairs))
+    X = build_inputs(pairs, catalog, calibration)
+    # the SLOs a prediction must meet for its robust value to meet the job's:
+    # S / (m · e^r), 0 for none
+    for row, mult, radius in (("slo_ttft", "ttft_mult", "radius_ttft"),
+                              ("slo_tpot", "tpot_mult", "radius_tpot")):
+        slo_ms = np.fromiter((getattr(wl, f"{row}_ms") for _, wl in pairs), dtype=float,
+                             count=len(pairs))
+        factor = _column(robust, mult) * _exp(_column(robust, radius))
+        tight = np.divide(slo_ms, factor, out=np.zeros_like(slo_ms), where=slo_ms > 0)
+        X[IN[row]] = tight * 1e-3
+    pass_mult = np.where(saturated, 1.0, _column(robust, "pass_mult"))
+    Y = run(scale_passes(X, pass_mult) if np.any(pass_mult != 1.0) else X)
     rows = RobustRows(Y, tuple(robust))
     if regime is None or not saturated.any():
         return rows
     # saturated: no SLO to tighten, so the regime's correction can come after the kernel
-    final = [regime(cfg, rows.mediators(j)) if saturated[j] else r
-             for j, ((cfg, _), r) in enumerate(zip(pairs, robust, strict=True))]
+    final = list(robust)
+    for j in np.flatnonzero(saturated).tolist():
+        final[j] = regime(pairs[j][0], rows.mediators(j))
     return RobustRows(Y, tuple(final))
 
 
