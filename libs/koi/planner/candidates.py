@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
 from typing import TypedDict
 
 import numpy as np
@@ -137,7 +138,7 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
             # an online proposal comes once per risk level, as consecutive rows: its
             # offerings' configs and their relation to what runs are the same each time
             last = p
-            where = [(off, p.config.with_(offering=off.id), keeps(p.config, off.id),
+            where = [(off, _on_offering(p.config, off.id), keeps(p.config, off.id),
                       (p.config, off.id) in current)
                      for off in offers_by_accel.get(p.config.accelerator, [])]
         shrink = 1.0
@@ -187,6 +188,13 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
         feasible_slo=np.array(rows["feasible"], dtype=bool),
         in_place=np.array(rows["in_place"], dtype=bool), configs=tuple(configs))
     return table, _capacity(snapshot)
+
+
+@lru_cache(maxsize=1 << 17)
+def _on_offering(config: DeploymentConfig, offering: str) -> DeploymentConfig:
+    """``config`` on ``offering`` (cached: a fleet's proposals and offerings recur every
+    tick, and a 29-knob config takes microseconds to copy)."""
+    return config.with_(offering=offering)
 
 
 def _capacity(snapshot: ClusterSnapshot) -> dict[str, int]:

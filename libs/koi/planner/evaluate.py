@@ -137,13 +137,21 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
     rows: list[Proposal] = []
     rob: list[Robustness] = []
     risk: list[float] = []
+    # (id(robustness), id(level)) → (that robustness at that level's radii, the two
+    # objects, kept alive so that their ids stay theirs)
+    at_level: dict[tuple[int, int], tuple[Robustness, Robustness, RiskLevel]] = {}
     for p in proposals:
         r = robustness(p.config) if robustness else NOMINAL
         load = loads[p.job_id]
         if levels is not None and (load.slo_ttft_ms > 0 or load.slo_tpot_ms > 0):
             for lv in levels(p.job_id):
+                known = at_level.get((id(r), id(lv)))
+                if known is None:
+                    known = at_level[(id(r), id(lv))] = (
+                        replace(r, radius_ttft=lv.radius_ttft, radius_tpot=lv.radius_tpot),
+                        r, lv)
                 rows.append(p)
-                rob.append(replace(r, radius_ttft=lv.radius_ttft, radius_tpot=lv.radius_tpot))
+                rob.append(known[0])
                 risk.append(lv.slo_risk)
         else:
             rows.append(p)
