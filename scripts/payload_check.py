@@ -43,6 +43,7 @@ from services.runtime.connection import connect
 from services.runtime.embedded import start_nats, start_valkey
 from services.runtime.launcher import Supervisor
 from services.runtime.logs import configure_logging
+from services.runtime.security import submit_subject
 
 
 def extra_jobs(scenario: str, n: int) -> list:
@@ -60,7 +61,7 @@ async def submit(url: str, jobs: list) -> Counter:
             for _ in range(20):  # the placer may still be starting: retry a while
                 try:
                     ack = jobs_pb2.JobAck.FromString(
-                        await bus.request(subjects.JOBS_SUBMIT, encode_job(job), 2.0))
+                        await bus.request(submit_subject(), encode_job(job), 2.0))
                 except Exception:
                     await asyncio.sleep(0.25)
                     continue

@@ -12,8 +12,11 @@ deadline (``Koi-Deadline-Ms``) unless ``deadline=False``. Once the stream has st
 (``unacked``: the sender was told nothing, or busy, yet the job will run).
 
 NATS runs as deployed (``secure``, the default): TLS, the placers as the ``placer``
-user, the sender as ``client`` (as ``koi submit``), the stream read back as ``admin``.
-``secure=False`` measures a plain-TCP server without accounts, for comparison.
+user, the sender as ``client`` (as ``koi submit``, on ``koi.jobs.submit.client``), the
+stream read back as ``admin``. ``secure=False`` measures a plain-TCP server without
+accounts, for comparison. The placers run without the per-user rate limit
+(``KOI_SUBMIT_RATE_PER_S=0``): this measures what they can admit, and one sender would
+otherwise be held to one user's share.
 
 Measurement only: no thresholds are asserted here (the report prints the knee).
 """
@@ -103,10 +106,13 @@ def payloads(n: int, prefix: str) -> list[tuple[str, bytes]]:
     return out
 
 
-async def _ask(nc, data: bytes, timeout_s: float, deadline: bool = True
-               ) -> jobs_pb2.JobAck | None:
+SUBJECT = subjects.job_submit_subject(CLIENT)  # the one sender submits as `client`
+
+
+async def _ask(nc, data: bytes, timeout_s: float, deadline: bool = True,
+               subject: str = SUBJECT) -> jobs_pb2.JobAck | None:
     try:
-        reply = await nc.request(subjects.JOBS_SUBMIT, data, timeout=timeout_s,
+        reply = await nc.request(subject, data, timeout=timeout_s,
                                  headers=deadline_header(timeout_s) if deadline else None)
     except Exception:  # timeout / no responders: counted as unanswered
         return None
@@ -117,15 +123,16 @@ async def _ask(nc, data: bytes, timeout_s: float, deadline: bool = True
 
 
 async def offer(nc, jobs: list[tuple[str, bytes]], rate: float, timeout_s: float,
-                deadline: bool = True
+                deadline: bool = True, subject: str = SUBJECT
                 ) -> tuple[list[tuple[str, float, jobs_pb2.JobAck | None]], float, float]:
-    """Send ``jobs`` at ``rate``/s, open loop; (id, latency s, ack or None) per job, the
-    sending window's length and the time from the first send to the last answer."""
+    """Send ``jobs`` at ``rate``/s on ``subject``, open loop; (id, latency s, ack or None)
+    per job, the sending window's length and the time from the first send to the last
+    answer."""
     results: list[tuple[str, float, jobs_pb2.JobAck | None]] = []
     t0 = time.perf_counter()
 
     async def one(job_id: str, data: bytes, due: float) -> None:
-        ack = await _ask(nc, data, timeout_s, deadline)
+        ack = await _ask(nc, data, timeout_s, deadline, subject)
         results.append((job_id, time.perf_counter() - due, ack))
 
     tasks = []
@@ -231,7 +238,8 @@ def run_rate(rate: float, duration_s: float, timeout_s: float, replicas: int,
     """One rate on a fresh NATS with fresh placers (nothing carried between rates)."""
     with start_nats(secure=secure) as server:
         security = server.security
-        sup = Supervisor(env={"KOI_NATS_URL": server.url, "KOI_LOG_LEVEL": "warning"},
+        sup = Supervisor(env={"KOI_NATS_URL": server.url, "KOI_LOG_LEVEL": "warning",
+                              "KOI_SUBMIT_RATE_PER_S": "0"},
                          log_dir=log_dir / prefix, replicas={"placer": replicas},
                          service_env=security.service_env(("placer",)) if security else {})
 

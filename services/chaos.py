@@ -379,7 +379,8 @@ def _submit(server: EmbeddedServer) -> jobs_pb2.JobAck:
         try:
             for _ in range(60):   # the placer may be restarting
                 try:
-                    reply = await nc.request(subjects.JOBS_SUBMIT, data, timeout=2)
+                    reply = await nc.request(subjects.job_submit_subject(CLIENT), data,
+                                             timeout=2)
                     ack = jobs_pb2.JobAck.FromString(reply.data)
                     if ack.accepted or not ack.retry_after_ms:
                         return ack

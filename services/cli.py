@@ -46,16 +46,17 @@ def serve(name: str) -> None:
 
 
 async def _submit(path: Path, nats_url: str, timeout_s: float, console: Console) -> int:
-    from services.runtime.security import connect_nats
+    from services.runtime.security import connect_nats, submit_subject
 
     jobs = load_jobs_yaml(path, catalog=load_catalog())
-    # credentials and TLS from KOI_NATS_USER / _PASSWORD(_FILE) / _CA (the `client` user)
+    # credentials and TLS from KOI_NATS_USER / _PASSWORD(_FILE) / _CA (a submitter: `client`
+    # or one `koi security init --submitter` made); it submits on its own subject
     nc = await connect_nats(nats_url, connect_timeout=min(timeout_s, 5), max_reconnect_attempts=3)
-    failed = 0
+    subject, failed = submit_subject(), 0
     try:
         for job in jobs:
             data = encode_job(job)
-            ack = await _request_ack(nc, data, timeout_s)
+            ack = await _request_ack(nc, subject, data, timeout_s)
             stored = "not looked up"
             if ack is None or ack.retry_after_ms:
                 # no definite answer: the job may still have been stored (the answer lost
@@ -93,16 +94,18 @@ def _print_ack(console: Console, job_id: str, ack: jobs_pb2.JobAck | None,
     return False
 
 
-async def _request_ack(nc, data: bytes, timeout_s: float) -> jobs_pb2.JobAck | None:
-    """Ask until answered or out of time: a restarting placer answers a retry, a busy one
-    says when to retry (the same spec: a retry of an admitted job is answered
-    ``duplicate``). The last busy answer, or None if nothing answered."""
+async def _request_ack(nc, subject: str, data: bytes, timeout_s: float
+                       ) -> jobs_pb2.JobAck | None:
+    """Ask on ``subject`` until answered or out of time: a restarting placer answers a
+    retry, a busy one (overloaded, or this user over its rate limit) says when to retry
+    (the same spec: a retry of an admitted job is answered ``duplicate``). The last busy
+    answer, or None if nothing answered."""
     deadline = time.monotonic() + timeout_s
     busy = None
     while (left := deadline - time.monotonic()) > 0:
         try:
             wait = min(left, 2.0)  # this attempt's deadline travels with it
-            reply = await nc.request(subjects.JOBS_SUBMIT, data, timeout=wait,
+            reply = await nc.request(subject, data, timeout=wait,
                                      headers=deadline_header(wait))
             ack = jobs_pb2.JobAck.FromString(reply.data)
         except Exception:  # no responders / timeout: retry until the deadline

@@ -225,15 +225,22 @@ def security(
     directory: Annotated[Path, typer.Argument(help="Secrets directory to make or complete.")],
     san: Annotated[list[str] | None, Opt(help="Extra server name or IP (repeatable).")] = None,
     mount: Annotated[Path | None, Opt(help="Where DIRECTORY appears to nats-server.")] = None,
+    submitter: Annotated[list[str] | None, Opt(help="Add a submitter user NAME, who may "
+                                               "submit on koi.jobs.submit.NAME only, with "
+                                               "its own rate limit (repeatable; kept by "
+                                               "later runs).")] = None,
 ) -> None:
     """`koi security init DIR`: a CA, the server certificate (NATS and planner-api's
-    gRPC), one user per service, the nats-server config and planner-api's gRPC bearer
-    token (services/runtime/security.py). No secret is printed."""
+    gRPC), one user per service and per submitter, the nats-server config and
+    planner-api's gRPC bearer token (services/runtime/security.py). No secret is printed."""
     from services.runtime.security import init_command
 
     if action != "init":
         raise typer.BadParameter(f"unknown action {action!r}; known: init")
-    console.print(init_command(directory, san or (), mount))
+    try:
+        console.print(init_command(directory, san or (), mount, submitters=submitter or ()))
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
 
 
 @app.command()
@@ -246,9 +253,9 @@ def submit(
     debug: Annotated[bool, Opt(help="Show the traceback of an error, not one line.")
                      ] = False,
 ) -> None:
-    """Submit jobs on koi.jobs.submit and print each ack (accepted with its id, or rejected
-    with the reason). Exit code 1 if any was rejected or unanswered, 2 if the file or the
-    bus could not be used."""
+    """Submit jobs on koi.jobs.submit.<your NATS user> and print each ack (accepted with
+    its id, or rejected with the reason). Exit code 1 if any was rejected or unanswered, 2
+    if the file or the bus could not be used."""
     from services.cli import submit as submit_jobs
 
     raise typer.Exit(submit_jobs(path, nats_url, timeout_s, debug))

@@ -11,8 +11,9 @@ Pure names and small helpers that build them; no transport imports (the services
     evaluator ──koi.tick.<n>.plan──► placer
     placer ──koi.tick.<n>.actions (+ KV koi_plan)──► sim (the cluster)
 
-Jobs come in on ``koi.jobs.submit`` (request/reply, ``JobSpec`` → ``JobAck``) and are
-kept on ``koi.jobs.accepted.<id>``; operator events on ``koi.events.<severity>.<kind>``;
+Jobs come in on ``koi.jobs.submit.<user>`` (request/reply, ``JobSpec`` → ``JobAck``; the
+last token names the submitter, whose NATS user may publish on that subject only) and
+are kept on ``koi.jobs.accepted.<id>``; operator events on ``koi.events.<severity>.<kind>``;
 undecodable messages on ``koi.dlq.<service>``.
 """
 
@@ -23,7 +24,11 @@ import re
 PREFIX = "koi"
 
 # --- jobs ------------------------------------------------------------------------------
-JOBS_SUBMIT = "koi.jobs.submit"                 # request/reply: JobSpec → JobAck
+JOBS_SUBMIT_PREFIX = "koi.jobs.submit"          # koi.jobs.submit.<user>: JobSpec → JobAck
+JOBS_SUBMIT_ANY = f"{JOBS_SUBMIT_PREFIX}.*"     # what the placer answers (queue "placer")
+# the submitter of a process with no NATS user (a server without accounts, where the
+# subject cannot prove who sent it), and the NATS user `koi submit` runs as by default
+DEFAULT_SUBMITTER = "client"
 # the sender's remaining budget for this request, whole ms from when it sent it (a budget,
 # not a time of day: clocks differ between hosts); koi.jobs.intake reads it
 HEADER_DEADLINE_MS = "Koi-Deadline-Ms"
@@ -132,6 +137,20 @@ def job_accepted_subject(job_id: str) -> str:
     # job ids are DNS-1123 labels (koi.jobs.bounds), so one id is one token, unmapped:
     # 'dot.b' and 'dot_b' can no longer land on the same subject
     return f"{JOBS_ACCEPTED_PREFIX}.{token(job_id)}"
+
+
+def job_submit_subject(user: str) -> str:
+    """``koi.jobs.submit.<user>``: where ``user`` submits (its NATS user may publish on this
+    subject and no other submitter's, so its rate limit is its own)."""
+    return f"{JOBS_SUBMIT_PREFIX}.{token(user)}"
+
+
+def submitter_of(subject: str) -> str:
+    """The user a ``koi.jobs.submit.<user>`` subject names; ``ValueError`` for any other."""
+    prefix, _, user = subject.rpartition(".")
+    if prefix != JOBS_SUBMIT_PREFIX:
+        raise ValueError(f"{subject!r} is not a {JOBS_SUBMIT_ANY} subject")
+    return token(user)
 
 
 def event_subject(severity: str, kind: str) -> str:

@@ -1,10 +1,17 @@
-"""Job admission, the placer's ``koi.jobs.submit`` responder: answers that tell the truth
-under load.
+"""Job admission, the placer's ``koi.jobs.submit.<user>`` responder: answers that tell the
+truth under load.
+
+* **A rate limit per user.** The subject's last token names the submitter (its NATS user
+  may publish on no other's); each has a token bucket (``koi.jobs.rate_limit``,
+  ``KOI_SUBMIT_RATE_PER_S`` and ``KOI_SUBMIT_BURST``, per replica). An empty bucket is
+  answered at once ``busy (rate limit …), retry after N ms``, N the time until its next
+  token, before anything is decoded or stored; one ``overload`` event when a user starts
+  being limited, a count every minute while it lasts, one when it ends (``koi.fold``).
 
 * **Bounded queue, explicit busy.** A submission is queued (the NATS callback does
-  nothing else); when this replica already holds more than ``MAX_WAIT_S`` of work (at
-  its measured rate), it answers at once ``busy, retry after N ms``
-  (``JobAck.retry_after_ms``) instead of letting the sender time out while the job is
+  nothing else but the rate check); when this replica already holds more than
+  ``MAX_WAIT_S`` of work (at its measured rate), it answers at once ``busy, retry after
+  N ms`` (``JobAck.retry_after_ms``) instead of letting the sender time out while the job is
   admitted anyway.
 * **Batches.** One worker takes everything queued (up to ``BATCH_MAX``), decides each
   submission in memory, publishes the accepted ones to ``koi.jobs.accepted.<id>``
@@ -37,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import math
 import os
 import time
 from collections import OrderedDict
@@ -53,6 +61,7 @@ from koi.errors import InvalidSpecError
 from koi.jobs import JobSpec
 from koi.jobs.bounds import MAX_ID_LEN
 from koi.jobs.intake import budget_s, late_by
+from koi.jobs.rate_limit import Limited, RateLimit, SubmitterLimits
 from koi.safe_text import printable
 from koi.v1 import jobs_pb2
 from koi.wire import codec
@@ -73,6 +82,7 @@ STORE_TIMEOUT_S = 2.0   # a store not confirmed by then is answered busy (a retr
 RETRY_MIN_MS, RETRY_MAX_MS = 50, 5000
 HELD_MAX = 100_000      # taken subjects remembered per replica (about 200 bytes each)
 OVERLOAD_EVENT_EVERY_S = 10.0   # at most one overload event per replica per this
+LIMITS_FOLD_EVERY_S = 1.0       # how often a rate-limited spell is checked for its end
 _INITIAL_RATE = 1000.0          # submissions/s assumed before the first batch is timed
 _INITIAL_STORE_S = 0.01         # a batch's store round trip assumed before one is timed
 _ERR_WRONG_LAST_SEQUENCE = 10071  # the subject holds a message already
@@ -157,7 +167,11 @@ class Admission:
         self.tick, self.time_s = 0, 0.0
         self.rate = _INITIAL_RATE               # submissions/s this worker decides
         self.store_s = _INITIAL_STORE_S         # a batch's store round trip (moving average)
-        self.sub: Any = None                    # the koi.jobs.submit subscription
+        self.sub: Any = None                    # the koi.jobs.submit.* subscription
+        self.limits = SubmitterLimits(RateLimit(ctx.settings.submit_rate_per_s,
+                                                ctx.settings.submit_burst))
+        self._limit_events = 0
+        self._watch: asyncio.Task | None = None
         self.shed, self._reported_at = 0, float("-inf")
         self._overload_n = 0
         self._events: asyncio.Task | None = None
@@ -188,6 +202,18 @@ class Admission:
 
     async def on_submit(self, msg: Any) -> None:
         now = time.monotonic()
+        try:
+            user = subjects.submitter_of(msg.subject)
+        except ValueError:  # only a server without accounts lets such a subject through
+            await self.respond(msg, jobs_pb2.JobAck(
+                accepted=False, tick=self.tick, reason="submit on koi.jobs.submit.<user>, "
+                "<user> one token of letters, digits, '_' and '-'; nothing was stored"))
+            return
+        wait_s = self.limits.wait_s(user, now)
+        if wait_s > 0:  # the user's own budget is spent: nothing decoded, nothing stored
+            await self.respond(msg, self.rate_limited(user, wait_s))
+            self.report_limited(self.limits.refused(user, now))
+            return
         deadline = now + budget_s((msg.headers or {}).get(subjects.HEADER_DEADLINE_MS),
                                   MAX_AGE_S)
         why = "admission queue full"
@@ -196,9 +222,18 @@ class Admission:
         elif self.backlog() < self.limit():
             with contextlib.suppress(asyncio.QueueFull):
                 self.queue.put_nowait((msg, deadline))
+                self.limits.take(user, now)  # a token is spent only on what is queued
                 return
         await self.respond(msg, self.busy(why))
         self.shed += 1
+
+    def rate_limited(self, user: str, wait_s: float) -> jobs_pb2.JobAck:
+        after = max(1, math.ceil(wait_s * 1000))  # the time until the user's next token
+        return jobs_pb2.JobAck(
+            accepted=False, retry_after_ms=after, tick=self.tick,
+            reason=f"busy (rate limit: user {user!r} may submit "
+                   f"{self.limits.limit.describe()}); nothing was stored: retry the same "
+                   f"spec after {after} ms")
 
     def busy(self, why: str, job_id: str = "") -> jobs_pb2.JobAck:
         after = self.retry_after_ms()
@@ -279,7 +314,7 @@ class Admission:
             reason = f"undecodable JobSpec: {exc}"
             letter = hashlib.blake2b(data, digest_size=12).hexdigest()  # one per payload
             effects.append(self.ctx.bus.dead_letter(
-                self.name, subjects.JOBS_SUBMIT, data, reason, tick=tick,
+                self.name, msg.subject, data, reason, tick=tick,
                 msg_id=f"dlq.{self.name}.submit-{letter}"))
             return jobs_pb2.JobAck(accepted=False, reason=reason, tick=tick)
         try:
@@ -417,18 +452,49 @@ class Admission:
         shed, span = self.shed, min(now - self._reported_at, OVERLOAD_EVENT_EVERY_S)
         self.shed, self._reported_at, self._overload_n = 0, now, self._overload_n + 1
         log.warning("admission_shed", shed=shed, span_s=round(span, 1), rate=round(self.rate))
-        task = asyncio.create_task(self.ctx.event(
+        self._fire(self.ctx.event(
             kind="overload", severity="warning", tick=self.tick, scenario_time_s=self.time_s,
             key=f"admission-{os.getpid()}-{self._overload_n}",
             message=(f"admission busy: answered {shed} submissions 'busy, retry later' in "
                      f"the last {span:.0f} s (queue limit {self.limit()}, deciding "
                      f"{self.rate:.0f}/s)")))
+
+    def report_limited(self, events: list[Limited]) -> None:
+        """A user's rate-limited spell as ``overload`` events: its start, a count every
+        minute while it lasts, its end; never one per refused submission."""
+        for e in events:
+            self._limit_events += 1
+            log.warning("submitter_rate_limited", user=e.user, phase=e.phase,
+                        refused=e.refused)
+            self._fire(self.ctx.event(
+                kind="overload", severity="info" if e.phase == "end" else "warning",
+                tick=self.tick, scenario_time_s=self.time_s,
+                message=e.message(self.limits.limit),
+                key=f"rate-{e.user}-{os.getpid()}-{self._limit_events}:{e.phase}",
+                attributes={"cause": "rate_limit", "user": e.user, "phase": e.phase,
+                            "refused": str(e.refused)}))
+
+    async def watch_limits(self) -> None:
+        """Fold the rate-limited spells every second, so one ends without a submission."""
+        while True:
+            await asyncio.sleep(LIMITS_FOLD_EVERY_S)
+            self.report_limited(self.limits.fold(time.monotonic()))
+
+    @staticmethod
+    def _fire(event: Awaitable[Any]) -> None:
+        """Emit an event without waiting for it (``ServiceContext.event`` logs a loss)."""
+        task = asyncio.ensure_future(event)
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
     async def start(self) -> None:
         await self.pipeline.start()
+        self._watch = asyncio.create_task(self.watch_limits(), name="rate-limits")
 
     async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
         if self._events is not None:
             with contextlib.suppress(Exception):
                 await self._events

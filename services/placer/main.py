@@ -1,4 +1,4 @@
-"""placer: ``koi.tick.<n>.plan`` → ``koi.tick.<n>.actions``; ``koi.jobs.submit``.
+"""placer: ``koi.tick.<n>.plan`` → ``koi.tick.<n>.actions``; ``koi.jobs.submit.<user>``.
 
 * One leader at a time holds the ``placer`` lease in the ``koi_leases`` bucket; a
   standby keeps trying and takes over when the leader stops renewing. Only the leader
@@ -15,7 +15,8 @@
   published once (``Nats-Msg-Id``).
 * Job submission (request/reply, both replicas answer): ``services/placer/admission.py``
   — validated as the YAML form is, stored on ``koi.jobs.accepted.<id>`` before the ack
-  is sent (so it survives any restart), idempotent by job id, "busy" when overloaded.
+  is sent (so it survives any restart), idempotent by job id, "busy" when overloaded
+  or when the submitting user is over its rate limit.
 """
 
 from __future__ import annotations
@@ -262,7 +263,7 @@ async def run(ctx: ServiceContext) -> None:
     worker = asyncio.create_task(admission.work(), name="admission")
     subs = [await bus.nc.subscribe(subjects.tick_filter("snapshot"), cb=track),
             await bus.nc.subscribe(f"{subjects.EVENTS_PREFIX}.*.bus_error", cb=bus_error)]
-    admission.sub = await bus.nc.subscribe(subjects.JOBS_SUBMIT, queue="placer",
+    admission.sub = await bus.nc.subscribe(subjects.JOBS_SUBMIT_ANY, queue="placer",
                                            cb=admission.on_submit)
     subs.append(admission.sub)
     # unique per process: replicas of a Deployment share their environment

@@ -228,7 +228,8 @@ def _nats_ready(server: EmbeddedServer) -> bool:
 
 def start_nats(*, port: int | None = None, store_dir: Path | None = None,
                max_payload_mb: int = 8, secure: bool = False,
-               secrets_dir: Path | None = None) -> EmbeddedServer:
+               secrets_dir: Path | None = None, submitters: tuple[str, ...] = ()
+               ) -> EmbeddedServer:
     """NATS with JetStream on 127.0.0.1 (a free port by default), storing in ``store_dir``
     (a temporary directory, removed on stop, by default). ``max_payload_mb`` raises the
     1 MiB default message size limit; it is set in a generated config file because
@@ -237,7 +238,8 @@ def start_nats(*, port: int | None = None, store_dir: Path | None = None,
     ``secure`` turns on accounts (one user per role, ``services/runtime/permissions.py``)
     and TLS with a CA made for it: the secrets go to ``secrets_dir`` (``<store>/secrets``
     by default; kept and reused when given), ``server.security`` says where, and the URL
-    is ``tls://``. The config file then holds the passwords in clear and is 0600."""
+    is ``tls://``; ``submitters`` are users besides ``client`` who may submit jobs, each on
+    its own subject. The config file is 0600."""
     binary = nats_server_binary()
     if max_payload_mb < 1 or max_payload_mb > 64:
         raise ValueError(f"max_payload_mb must be in 1..64 (got {max_payload_mb})")
@@ -256,7 +258,8 @@ def start_nats(*, port: int | None = None, store_dir: Path | None = None,
         if secure:
             from services.runtime.security import init_security, write_secret
 
-            security = init_security(secrets_dir or workdir / "secrets")
+            security = init_security(secrets_dir or workdir / "secrets",
+                                     submitters=submitters)
             write_secret(workdir / "nats.conf",
                          config + (security.root / "nats-auth.conf").read_text())
         else:

@@ -2,8 +2,13 @@
 
 ``permissions(role)`` is the table, built only from the names in ``koi.subjects`` (no
 subject is spelt here that a service spells elsewhere, except the few KV keys and
-durable names noted below); ``accounts_block(password_hashes)`` turns it into the
-``accounts { KOI { … } }`` section of a nats-server configuration.
+durable names noted below); ``accounts_block(password_hashes, submitters)`` turns it
+into the ``accounts { KOI { … } }`` section of a nats-server configuration.
+
+Submitters: ``client`` and each user ``koi security init --submitter NAME`` adds may
+publish a job on its own ``koi.jobs.submit.<user>`` and on no other's, so the placer's
+per-user rate limit (``services/placer/admission.py``) charges the user who sent it: one
+submitter cannot spend another's budget. Each may also read events and the jobs stream.
 
 What it rests on (checked against nats-server 2.15 and nats-py 2.16 in
 tests/integration/test_bus_security.py):
@@ -16,7 +21,7 @@ tests/integration/test_bus_security.py):
 - a durable consumer is created, read and acked through subjects that carry its stream
   and name, so each service may only create, fetch from and ack *its own* durables;
 - answering a request needs ``allow_responses``, granted only to the responders (the
-  placer answers ``koi.jobs.submit``, proposer and evaluator their work items), and only
+  placer answers ``koi.jobs.submit.*``, proposer and evaluator their work items), and only
   they may subscribe to those subjects, so nobody else can answer in their place.
 
 Nobody but ``admin`` may delete, purge or update a stream or delete a consumer (the
@@ -38,7 +43,7 @@ from koi import subjects
 from services.runtime.settings import SERVICES
 
 ADMIN = "admin"    # stream set-up and reset: `koi demo`, the tests, delete_koi_state
-CLIENT = "client"  # `koi submit`, `koi events follow`
+CLIENT = subjects.DEFAULT_SUBMITTER  # `koi submit`, `koi events follow`: a submitter
 ROLES: tuple[str, ...] = (*SERVICES, CLIENT, ADMIN)
 ACCOUNT = "KOI"
 
@@ -64,7 +69,7 @@ DURABLES: dict[str, tuple[tuple[str, str], ...]] = {
 }
 # request/reply subjects and the one role that answers each
 RESPONDERS: dict[str, str] = {
-    subjects.JOBS_SUBMIT: "placer",
+    subjects.JOBS_SUBMIT_ANY: "placer",
     subjects.WORK_PROPOSE: "proposer",
     subjects.WORK_EVALUATE: "evaluator",
 }
@@ -183,22 +188,44 @@ def permissions(role: str) -> Permissions:
     if role == ADMIN:
         return Permissions(publish=(">",), subscribe=(">",), responds=True)
     if role == CLIENT:
-        reads = _reads((subjects.STREAM_EVENTS, subjects.STREAM_JOBS))
-        return Permissions(publish=(subjects.JOBS_SUBMIT, *dict.fromkeys(reads)),
-                           subscribe=(_INBOX,))
+        return submitter(CLIENT)
     if role in SERVICES:
         return _service(role)
     raise ValueError(f"unknown role {role!r}; known: {', '.join(ROLES)}")
 
 
-def accounts_block(password_hashes: Mapping[str, str]) -> str:
+def submitter_name(user: str) -> str:
+    """``user`` if it can be a submitter: a NATS user name that is one subject token
+    (letters, digits, '_', '-'; at most 64) and no service's or admin's name."""
+    if len(user) > 64 or (user in ROLES and user != CLIENT):
+        raise ValueError(f"{user!r} cannot be a submitter: at most 64 characters, and "
+                         f"none of {', '.join(r for r in ROLES if r != CLIENT)}")
+    return subjects.token(user)
+
+
+def submitter(user: str) -> Permissions:
+    """A submitter's permissions: submit on its own ``koi.jobs.submit.<user>`` (and no
+    other submitter's), read events and the jobs stream (``koi events follow``, the
+    look-up of ``koi submit``)."""
+    reads = _reads((subjects.STREAM_EVENTS, subjects.STREAM_JOBS))
+    return Permissions(publish=(subjects.job_submit_subject(submitter_name(user)),
+                                *dict.fromkeys(reads)),
+                       subscribe=(_INBOX,))
+
+
+def accounts_block(password_hashes: Mapping[str, str], submitters: Iterable[str] = ()
+                   ) -> str:
     """The ``accounts`` section of a nats-server config: account KOI with JetStream and
-    one user per role, each with its password's bcrypt hash (``security.hash_password``):
-    the configuration holds no password in clear. The file stays 0600 all the same."""
+    one user per role and per extra submitter, each with its password's bcrypt hash
+    (``security.hash_password``): the configuration holds no password in clear. The file
+    stays 0600 all the same."""
     for role, hashed in password_hashes.items():
         if not hashed.startswith("$2"):
             raise ValueError(f"the password of NATS user {role!r} is not a bcrypt hash")
+    extra = [submitter_name(u) for u in dict.fromkeys(submitters) if u != CLIENT]
     users = [{"user": role, "password": password_hashes[role],
               "permissions": permissions(role).as_config()} for role in ROLES]
+    users += [{"user": user, "password": password_hashes[user],
+               "permissions": submitter(user).as_config()} for user in extra]
     return (f"accounts {{\n  {ACCOUNT} {{\n    jetstream: enabled\n"
             f"    users: {json.dumps(users, indent=2)}\n  }}\n}}\n")

@@ -10,6 +10,8 @@ file 0600:
     root/pki/grpc.pem, grpc-key.pem          planner-api's gRPC certificate
     root/users/<role>/password, ca.pem       what one service mounts
     root/users/<role>/password.bcrypt        its hash, for the server's configuration
+    root/users/<submitter>/…                 the same for each submitter added with
+                                             ``submitters`` (``client`` is one already)
     root/grpc/token, server.pem, server-key.pem   what planner-api mounts (its own
                                              certificate and key, copied)
     root/nats-auth.conf                      accounts (bcrypt hashes) + tls, to include
@@ -37,8 +39,9 @@ from typing import Any
 
 import structlog
 
+from koi import subjects
 from services.runtime.logs import quiet_library_noise
-from services.runtime.permissions import ADMIN, ROLES, accounts_block
+from services.runtime.permissions import ADMIN, CLIENT, ROLES, accounts_block, submitter_name
 from services.runtime.settings import NatsAuth
 
 log = structlog.get_logger(__name__)
@@ -234,12 +237,23 @@ class Security:
     def hash_file(self, role: str) -> Path:
         return self.root / "users" / role / "password.bcrypt"
 
+    def submitters(self) -> tuple[str, ...]:
+        """The submitters added besides ``client`` (each a directory under users/)."""
+        users = self.root / "users"
+        found = users.iterdir() if users.is_dir() else iter(())
+        return tuple(sorted(d.name for d in found
+                            if d.name not in ROLES and (d / "password").is_file()))
+
+    def users(self) -> tuple[str, ...]:
+        """Every NATS user: one per role, then the extra submitters."""
+        return (*ROLES, *self.submitters())
+
     def passwords(self) -> dict[str, str]:
-        return {role: self.password_file(role).read_text().strip() for role in ROLES}
+        return {user: self.password_file(user).read_text().strip() for user in self.users()}
 
     def password_hashes(self) -> dict[str, str]:
-        """Each role's bcrypt hash (what the server's configuration holds)."""
-        return {role: self.hash_file(role).read_text().strip() for role in ROLES}
+        """Each user's bcrypt hash (what the server's configuration holds)."""
+        return {user: self.hash_file(user).read_text().strip() for user in self.users()}
 
     @property
     def grpc_dir(self) -> Path:
@@ -258,9 +272,9 @@ class Security:
         return self.grpc_dir / "server-key.pem"
 
 
-def _ensure_users(sec: Security) -> None:
+def _ensure_users(sec: Security, users: Iterable[str]) -> None:
     ca = sec.pki.ca_cert.read_bytes()
-    for role in ROLES:
+    for role in users:
         password, hashed = sec.password_file(role), sec.hash_file(role)
         if not password.is_file():
             write_secret(password, secrets.token_urlsafe(32) + "\n")
@@ -300,17 +314,21 @@ def server_tls_block(pki: Pki, mount: Path | None = None) -> str:
 
 def init_security(root: Path, *, sans: Iterable[str] = (), listen: str = "0.0.0.0:4222",
                   store_dir: str = "/data", monitor: str = "0.0.0.0:8222",
-                  mount: Path | None = None, max_payload_mb: int = 8) -> Security:
-    """Make (or complete) ``root``: PKI, a password per role, planner-api's gRPC token and
-    TLS files, ``nats-auth.conf`` (accounts and TLS, to include from an existing config)
-    and ``nats.conf`` (a whole server: ``listen``, JetStream in ``store_dir``, monitoring
-    on ``monitor``). ``mount`` is where ``root`` appears to the server when that is not
-    ``root`` itself."""
+                  mount: Path | None = None, max_payload_mb: int = 8,
+                  submitters: Iterable[str] = ()) -> Security:
+    """Make (or complete) ``root``: PKI, a password per role and per submitter in
+    ``submitters`` (added to those made before: none is ever dropped), planner-api's gRPC
+    token and TLS files, ``nats-auth.conf`` (accounts and TLS, to include from an existing
+    config) and ``nats.conf`` (a whole server: ``listen``, JetStream in ``store_dir``,
+    monitoring on ``monitor``). ``mount`` is where ``root`` appears to the server when
+    that is not ``root`` itself."""
     root = Path(root)
+    added = [submitter_name(u) for u in submitters if u != CLIENT]  # refused before writing
     sec = Security(root, ensure_pki(root / "pki", sans))
-    _ensure_users(sec)
+    _ensure_users(sec, dict.fromkeys((*ROLES, *sec.submitters(), *added)))
     _ensure_grpc(sec)
-    auth = accounts_block(sec.password_hashes()) + server_tls_block(sec.pki, mount)
+    auth = accounts_block(sec.password_hashes(), sec.submitters()) + \
+        server_tls_block(sec.pki, mount)
     write_secret(root / "nats-auth.conf", auth)
     write_secret(root / "nats.conf",
                  f"listen: {listen}\nhttp: {monitor}\n"
@@ -357,6 +375,13 @@ def connect_options(auth: NatsAuth | None = None, url: str = "") -> dict[str, An
     return options
 
 
+def submit_subject(auth: NatsAuth | None = None) -> str:
+    """Where this process submits jobs: ``koi.jobs.submit.<its NATS user>`` (default: from
+    ``KOI_NATS_*``), ``koi.jobs.submit.client`` without a user."""
+    auth = NatsAuth.from_env() if auth is None else auth
+    return subjects.job_submit_subject(auth.user or subjects.DEFAULT_SUBMITTER)
+
+
 def servers(url: str) -> list[str]:
     """The server list of a comma-separated ``KOI_NATS_URL``."""
     return [u.strip() for u in url.split(",") if u.strip()]
@@ -371,12 +396,17 @@ async def connect_nats(url: str, auth: NatsAuth | None = None, **kwargs: Any) ->
 
 
 def init_command(root: Path, sans: Iterable[str] = (), mount: Path | None = None,
-                 listen: str = "0.0.0.0:4222", store_dir: str = "/data") -> str:
+                 listen: str = "0.0.0.0:4222", store_dir: str = "/data",
+                 submitters: Iterable[str] = ()) -> str:
     """``koi security init``: make ``root`` and say what is where (never a secret)."""
-    sec = init_security(root, sans=sans, mount=mount, listen=listen, store_dir=store_dir)
+    sec = init_security(root, sans=sans, mount=mount, listen=listen, store_dir=store_dir,
+                        submitters=submitters)
+    extra = ", ".join(sec.submitters()) or "none"
     return "\n".join([
         f"CA and server certificate: {sec.pki.dir} (CA {sec.pki.ca_cert.name})",
         f"one user per role ({', '.join(ROLES)}): {root / 'users'}/<role>/password, ca.pem",
+        f"submitters besides {CLIENT} ({extra}): the same files under {root / 'users'}/<name>"
+        "; each submits on koi.jobs.submit.<name> only",
         f"nats-server config: {root / 'nats.conf'} (includes {root / 'nats-auth.conf'};"
         " both hold the passwords: keep them 0600)",
         "a service runs with KOI_NATS_USER=<role>, KOI_NATS_PASSWORD_FILE=<its password "

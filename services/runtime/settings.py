@@ -219,6 +219,14 @@ class ServiceSettings:
                                     "metrics: seconds for one page, targets list or query")
     scrape_concurrency: int = Field(default=8, ge=1, le=256, description="engine-metrics: "
                                     "pages (or queries) read at once")
+    submit_rate_per_s: float = Field(default=10.0, ge=0.0, le=1e6, description="placer: "
+                                     "job submissions a second one user (the last token "
+                                     "of koi.jobs.submit.<user>) may make, after its "
+                                     "burst, per placer replica; beyond it the answer is "
+                                     "busy with the wait; 0 = no limit")
+    submit_burst: int = Field(default=100, ge=1, le=1_000_000, description="placer: "
+                              "submissions one user may make at once before "
+                              "KOI_SUBMIT_RATE_PER_S holds it")
     k8s_connect_timeout_s: float = Field(default=3.0, ge=0.1, le=300.0, description="koi "
                                          "plan / the K8s backend: seconds to connect to "
                                          "the API server")

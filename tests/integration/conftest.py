@@ -4,7 +4,8 @@ One server of each per session, embedded from the wheels on free ports, or the o
 ``KOI_NATS_URL`` / ``KOI_REDIS_URL`` when those are set (never the system's defaults).
 ``bus`` hands each test a connected ``Bus`` with every Koi stream and bucket present and
 empty. Tests that stop or kill a server get their own from ``own_nats`` / ``own_valkey``.
-``secure_nats`` is a NATS with TLS and one user per role (services/runtime/security.py);
+``secure_nats`` is a NATS with TLS and one user per role (services/runtime/security.py),
+and two submitters besides ``client``, ``SUBMITTERS``;
 ``secure_bus`` connects to it as admin, with the same clean state as ``bus``.
 ``nats_for_run`` is a NATS with no Koi state for a whole bus run (``BusRun``): a fresh
 embedded one, or the one at ``KOI_NATS_URL`` emptied; ``module_nats_for_run`` is the same
@@ -28,6 +29,8 @@ from services.runtime.connection import connect, delete_koi_state
 from services.runtime.embedded import EmbeddedServer, start_nats, start_valkey
 from services.runtime.permissions import ADMIN
 from services.runtime.security import connect_nats
+
+SUBMITTERS = ("alice", "bob")  # secure_nats's submitters besides `client`
 
 
 @pytest.fixture(scope="session")
@@ -83,7 +86,7 @@ async def reset_koi_state(bus: Bus) -> None:
 def secure_nats() -> Iterator[EmbeddedServer]:
     """An embedded NATS requiring TLS and a password, one user per role;
     ``secure_nats.security`` holds the CA and each user's password file."""
-    server = start_nats(secure=True)
+    server = start_nats(secure=True, submitters=SUBMITTERS)
     try:
         yield server
     finally:

@@ -48,8 +48,9 @@ def _spec(job_id: str, priority: int | None = None) -> jobs_pb2.JobSpec:
     return spec
 
 
-async def _ask(bus: Bus, data: bytes, timeout_s: float = 10.0) -> jobs_pb2.JobAck:
-    reply = await bus.nc.request(subjects.JOBS_SUBMIT, data, timeout=timeout_s)
+async def _ask(bus: Bus, data: bytes, timeout_s: float = 10.0,
+               user: str = subjects.DEFAULT_SUBMITTER) -> jobs_pb2.JobAck:
+    reply = await bus.nc.request(subjects.job_submit_subject(user), data, timeout=timeout_s)
     return jobs_pb2.JobAck.FromString(reply.data)
 
 
@@ -113,9 +114,9 @@ async def placers(bus: Bus, nats_url: str) -> AsyncIterator[Callable[..., Awaita
 
 
 async def _answers_submissions(own: Bus) -> bool:
-    """True once this connection subscribes to ``koi.jobs.submit`` and the server knows
+    """True once this connection subscribes to ``koi.jobs.submit.*`` and the server knows
     (a probe request would be answered by any replica, so it proves nothing for two)."""
-    subscribed = any(s.subject == subjects.JOBS_SUBMIT for s in own.nc._subs.values())
+    subscribed = any(s.subject == subjects.JOBS_SUBMIT_ANY for s in own.nc._subs.values())
     if subscribed:
         await own.nc.flush()
     return subscribed
@@ -154,7 +155,7 @@ async def test_two_replicas_racing_for_ids_give_every_sender_one_story(
     """10 ids, each sent 12 times at once (half of the sends of the odd ids with another
     spec) to two replicas: per id one spec is stored once, and every sender of it is
     told "accepted" (one of them not as a duplicate), every sender of the other refused."""
-    await placers(2)
+    await placers(2, KOI_SUBMIT_RATE_PER_S="0")  # 120 at once from one user: not its limit
     specs = {}
     for k in range(10):
         a = _spec(f"race-{k}", priority=3).SerializeToString()
@@ -183,7 +184,7 @@ async def test_a_flood_beyond_the_queue_is_answered_busy_and_every_acked_job_sto
 
     monkeypatch.setattr(admission, "QUEUE_MIN", 4)
     monkeypatch.setattr(admission, "MAX_WAIT_S", 0.0)
-    await placers(1)
+    await placers(1, KOI_SUBMIT_RATE_PER_S="0")  # the queue's shedding, not a user's limit
     datas = {f"flood-{i}": _spec(f"flood-{i}").SerializeToString() for i in range(300)}
     acks = dict(zip(datas, await asyncio.gather(*(_ask(bus, d) for d in datas.values())),
                     strict=True))
@@ -206,6 +207,59 @@ async def test_a_flood_beyond_the_queue_is_answered_busy_and_every_acked_job_sto
     assert stored == {f"koi.jobs.accepted.{j}": 1 for j in datas}
 
 
+# --- per-user rate limits ----------------------------------------------------------------------
+
+@pytest.mark.asyncio
+async def test_one_user_flooding_is_answered_busy_by_its_limit_while_another_gets_in(
+        bus: Bus, placers) -> None:
+    """40 submissions at once from one user with a burst of 5 and 2/s: its burst is
+    admitted, the rest are told busy with the time to its next token (≤ 500 ms) and are
+    not stored; another user's submission is admitted meanwhile; one event says the
+    flooder is limited, not one per refusal; the flooder gets in again once it waits
+    for what it was told, and its retry of an admitted spec is answered duplicate."""
+    await placers(1, KOI_SUBMIT_RATE_PER_S="2", KOI_SUBMIT_BURST="5")
+    datas = {f"rl-{i}": _spec(f"rl-{i}").SerializeToString() for i in range(40)}
+    started = time.monotonic()
+    acks = dict(zip(datas, await asyncio.gather(
+        *(_ask(bus, d, user="flood") for d in datas.values())), strict=True))
+    took = time.monotonic() - started
+    other = await _ask(bus, _spec("other-user").SerializeToString(), user="alice")
+    assert other.accepted and not other.duplicate, other
+    accepted = sorted(j for j, a in acks.items() if a.accepted)
+    busy = {j: a for j, a in acks.items() if not a.accepted}
+    # the burst, plus at most the tokens the flood's own duration earned
+    assert 5 <= len(accepted) <= 5 + int(took * 2) + 1, (len(accepted), took)
+    assert busy and all(0 < a.retry_after_ms <= 500 and "rate limit" in a.reason
+                        and "'flood'" in a.reason for a in busy.values()), busy
+    stored = await _stored(bus, "koi.jobs.accepted.>")
+    assert set(stored) == {f"koi.jobs.accepted.{j}" for j in [*accepted, "other-user"]}
+
+    async def limited_events() -> list[events_pb2.OperatorEvent]:
+        return [e for e in await _events(bus, "overload")
+                if e.attributes.get("cause") == "rate_limit"]
+
+    async def announced() -> bool:
+        return bool(await limited_events())
+
+    await _eventually(announced)
+    (start,) = await limited_events()
+    assert start.attributes["user"] == "flood" and start.attributes["phase"] == "start"
+    assert "rate limited" in start.message and start.severity == events_pb2.SEVERITY_WARNING
+    # told to wait N ms: after N ms the same spec gets in, and a retry of an admitted
+    # one is answered as the first time, not stored again
+    retry = min(busy, key=lambda j: busy[j].retry_after_ms)
+    await asyncio.sleep(max(a.retry_after_ms for a in busy.values()) / 1000)
+    assert (await _ask(bus, datas[retry], user="flood")).accepted
+    await asyncio.sleep(0.5)
+    again = await _ask(bus, datas[accepted[0]], user="flood")
+    assert again.accepted and again.duplicate, again
+    stored = await _stored(bus, "koi.jobs.accepted.>")
+    assert stored == {f"koi.jobs.accepted.{j}": 1 for j in [*accepted, "other-user", retry]}
+    # one start for the whole spell (an end may follow once it has been quiet 5 s)
+    assert [e.attributes["phase"] for e in await limited_events()] in (["start"],
+                                                                       ["start", "end"])
+
+
 # --- koi submit ------------------------------------------------------------------------------
 
 @pytest.mark.asyncio
@@ -216,7 +270,7 @@ async def test_koi_submit_reports_accepted_after_looking_up_a_job_stored_without
         await bus.publish(subjects.job_accepted_subject(spec.id), msg.data,
                           msg_id=f"job-{spec.id}")
 
-    await bus.nc.subscribe(subjects.JOBS_SUBMIT, cb=store_and_stay_silent)
+    await bus.nc.subscribe(subjects.JOBS_SUBMIT_ANY, cb=store_and_stay_silent)
     await bus.nc.flush()
     out = io.StringIO()
     code = await cli._submit(JOB, nats_url, 2.5, cli.Console(file=out, width=300))
@@ -261,7 +315,8 @@ async def test_an_undecodable_submission_is_answered_dead_lettered_and_reported(
     await _eventually(parked)
     letter = await bus.js.get_last_msg(subjects.STREAM_DLQ, dlq)
     assert letter.data == garbage
-    assert (letter.headers or {}).get("Koi-Original-Subject") == subjects.JOBS_SUBMIT
+    assert (letter.headers or {}).get("Koi-Original-Subject") == \
+        subjects.job_submit_subject(subjects.DEFAULT_SUBMITTER)
 
 
 @pytest.mark.asyncio
@@ -319,7 +374,8 @@ def test_bench_admission_runs_as_deployed_and_reads_the_stream_back(tmp_path: Pa
 async def _ask_within(bus: Bus, data: bytes, budget_ms: int | None,
                       wait_s: float = 10.0) -> jobs_pb2.JobAck:
     headers = None if budget_ms is None else {subjects.HEADER_DEADLINE_MS: str(budget_ms)}
-    reply = await bus.nc.request(subjects.JOBS_SUBMIT, data, timeout=wait_s, headers=headers)
+    reply = await bus.nc.request(subjects.job_submit_subject(subjects.DEFAULT_SUBMITTER), data,
+                                 timeout=wait_s, headers=headers)
     return jobs_pb2.JobAck.FromString(reply.data)
 
 
@@ -374,7 +430,7 @@ async def test_koi_submit_sends_each_attempts_wait_as_its_deadline(
         spec = jobs_pb2.JobSpec.FromString(msg.data)
         await msg.respond(jobs_pb2.JobAck(accepted=True, job_id=spec.id).SerializeToString())
 
-    await bus.nc.subscribe(subjects.JOBS_SUBMIT, cb=answer)
+    await bus.nc.subscribe(subjects.JOBS_SUBMIT_ANY, cb=answer)
     await bus.nc.flush()
     out = io.StringIO()
     assert await cli._submit(JOB, nats_url, 30.0, cli.Console(file=out, width=300)) == 0

@@ -43,6 +43,8 @@ HORIZON_S = 900.0          # 15 ticks of a minute
 FAULT_HORIZON_S = 480.0    # 8 ticks
 FAULT_TICKS = 8
 EXAMPLE_JOB = "examples/jobs/chat-online.yaml"
+# no NATS accounts here: jobs go in as the default submitter, as `koi submit` sends them
+SUBMIT = subjects.job_submit_subject(subjects.DEFAULT_SUBMITTER)
 
 
 def in_process(horizon_s: float, seed: int = 1):
@@ -146,14 +148,14 @@ def outside_inputs_run(module_nats_for_run, redis_url, tmp_path_factory):
         if tick == 2 and not acks:
             job = _job()
             acks.append(jobs_pb2.JobAck.FromString(
-                _request(url, subjects.JOBS_SUBMIT, encode_job(job))))
+                _request(url, SUBMIT, encode_job(job))))
             # the same spec again is a retry, answered as the first time (issue 25); another
             # spec under the same id is refused with the reason
             acks.append(jobs_pb2.JobAck.FromString(
-                _request(url, subjects.JOBS_SUBMIT, encode_job(job))))
+                _request(url, SUBMIT, encode_job(job))))
             other = dataclasses.replace(job, priority=job.priority % 9 + 1)
             acks.append(jobs_pb2.JobAck.FromString(
-                _request(url, subjects.JOBS_SUBMIT, encode_job(other))))
+                _request(url, SUBMIT, encode_job(other))))
         if tick == 3:
             _publish(url, subjects.telemetry_subject(9999), b"\xff\x00 not protobuf")
             _publish(url, subjects.tick_subject(9999, "observations"), b"\x0a\xff")
@@ -211,7 +213,7 @@ def test_kill_9_any_service_mid_run(nats_for_run, redis_url, tmp_path, service):
     def at_tick(tick: int, sup) -> None:
         if tick == 2 and not acks:
             acks.append(jobs_pb2.JobAck.FromString(
-                _request(nats_for_run, subjects.JOBS_SUBMIT, encode_job(_job()))))
+                _request(nats_for_run, SUBMIT, encode_job(_job()))))
         if tick == 4 and sup.child(service).restarts == 0:
             sup.kill(service)
 

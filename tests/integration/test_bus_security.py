@@ -4,8 +4,9 @@ Each forged message of the incident report is sent by a user who may not send it
 must be refused by the server: a permissions violation reaches the sender, a JetStream
 publish gets no ack, and the stream and KV hold the real state only. Also: no login
 without a password, no plain TCP to a TLS server, no destructive stream API for a
-service, the CLI works as the ``client`` user, and a short pipeline runs with one user per
-service without a single permissions violation in the server's log.
+service, no submitter can submit on another's subject (and so spend its rate limit), the
+CLI works as the ``client`` user and as another submitter, and a short pipeline runs
+with one user per service without a single permissions violation in the server's log.
 """
 
 from __future__ import annotations
@@ -206,20 +207,52 @@ async def test_a_job_cannot_bypass_admission(secure_nats, secure_bus) -> None:
     assert await secure_bus.get_last(FORGED_JOB) is None
     # nor answer submissions in the placer's place
     for s in (client, evaluator):
-        await s.nc.subscribe(subjects.JOBS_SUBMIT)
+        await s.nc.subscribe(subjects.JOBS_SUBMIT_ANY)
         await s.nc.flush()
-        await _eventually(lambda s=s: s.violated(f'subscription to "{subjects.JOBS_SUBMIT}"'))
+        await _eventually(lambda s=s: s.violated(
+            f'subscription to "{subjects.JOBS_SUBMIT_ANY}"'))
     # what a client may do: ask the placer
     placer = await _as(secure_nats, "placer")
 
     async def admit(msg) -> None:
         await msg.respond(jobs_pb2.JobAck(accepted=True, job_id="j").SerializeToString())
 
-    await placer.nc.subscribe(subjects.JOBS_SUBMIT, queue="placer", cb=admit)
+    await placer.nc.subscribe(subjects.JOBS_SUBMIT_ANY, queue="placer", cb=admit)
     await placer.nc.flush()
-    reply = await client.nc.request(subjects.JOBS_SUBMIT, b"", timeout=10)
+    reply = await client.nc.request(subjects.job_submit_subject(CLIENT), b"", timeout=10)
     assert jobs_pb2.JobAck.FromString(reply.data).accepted
     for s in (client, evaluator, placer):
+        await s.nc.close()
+
+
+@pytest.mark.asyncio
+async def test_a_submitter_cannot_submit_on_another_users_subject(secure_nats,
+                                                                  secure_bus) -> None:
+    """Each submitter's only submit subject is its own, so nobody can spend another's
+    rate limit: the server refuses the forged one, and the placer never sees it."""
+    placer = await _as(secure_nats, "placer")
+    seen: list[str] = []
+
+    async def admit(msg) -> None:
+        seen.append(msg.subject)
+        await msg.respond(jobs_pb2.JobAck(accepted=True, job_id="j").SerializeToString())
+
+    await placer.nc.subscribe(subjects.JOBS_SUBMIT_ANY, queue="placer", cb=admit)
+    await placer.nc.flush()
+    alice, client = await _as(secure_nats, "alice"), await _as(secure_nats, CLIENT)
+    for session, other in ((alice, "bob"), (alice, CLIENT), (client, "alice")):
+        forged = subjects.job_submit_subject(other)
+        with pytest.raises(nats.errors.TimeoutError):
+            await session.nc.request(forged, b"", timeout=REFUSED_S)
+        await _eventually(lambda s=session, f=forged: s.violated(f'publish to "{f}"'))
+    # nor on the bare prefix, nor below another's subject
+    for forged in (subjects.JOBS_SUBMIT_PREFIX, f"{subjects.JOBS_SUBMIT_PREFIX}.bob.x"):
+        with pytest.raises(nats.errors.TimeoutError):
+            await alice.nc.request(forged, b"", timeout=REFUSED_S)
+    reply = await alice.nc.request(subjects.job_submit_subject("alice"), b"", timeout=10)
+    assert jobs_pb2.JobAck.FromString(reply.data).accepted
+    assert seen == [subjects.job_submit_subject("alice")]  # nothing forged reached it
+    for s in (placer, alice, client):
         await s.nc.close()
 
 
@@ -294,16 +327,24 @@ async def test_koi_submit_and_events_follow_work_as_the_client_user(secure_nats,
         monkeypatch.setenv(name, value)
     placer = await _as(secure_nats, "placer")
 
+    seen: list[str] = []
+
     async def admit(msg) -> None:
+        seen.append(msg.subject)
         await msg.respond(jobs_pb2.JobAck(accepted=True, job_id="chat").SerializeToString())
 
-    await placer.nc.subscribe(subjects.JOBS_SUBMIT, queue="placer", cb=admit)
+    await placer.nc.subscribe(subjects.JOBS_SUBMIT_ANY, queue="placer", cb=admit)
     await placer.nc.flush()
     from rich.console import Console
 
     code = await cli._submit(cli.Path("examples/jobs/chat-online.yaml"), secure_nats.url, 5.0,
                              Console(file=(tmp_path / "out.txt").open("w")))
     assert code == 0
+    for name, value in secure_nats.security.env_for("bob").items():  # another submitter
+        monkeypatch.setenv(name, value)
+    code = await cli._submit(cli.Path("examples/jobs/chat-online.yaml"), secure_nats.url, 5.0,
+                             Console(file=(tmp_path / "out.txt").open("w")))
+    assert code == 0 and seen == [subjects.job_submit_subject(u) for u in (CLIENT, "bob")]
     await secure_bus.emit(events_pb2.OperatorEvent(
         severity=events_pb2.SEVERITY_WARNING, kind=events_pb2.EVENT_KIND_DLQ, message="m"))
     out = (tmp_path / "events.txt").open("w")

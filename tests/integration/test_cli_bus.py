@@ -23,7 +23,7 @@ async def _answer(bus: Bus, ack: jobs_pb2.JobAck, seen: list) -> None:
         seen.append(jobs_pb2.JobSpec.FromString(msg.data))
         await msg.respond(ack.SerializeToString())
 
-    await bus.nc.subscribe(subjects.JOBS_SUBMIT, cb=reply)
+    await bus.nc.subscribe(subjects.JOBS_SUBMIT_ANY, cb=reply)
     await bus.nc.flush()
 
 

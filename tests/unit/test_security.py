@@ -3,6 +3,7 @@ table's invariants (the server enforcing it: tests/integration/test_bus_security
 
 from __future__ import annotations
 
+import json
 import ssl
 import stat
 
@@ -103,13 +104,54 @@ def test_the_lease_and_the_causal_kv_have_one_writer_each() -> None:
 
 
 def test_the_client_may_submit_and_read_events_and_jobs_only() -> None:
-    assert _may_publish(CLIENT, subjects.JOBS_SUBMIT)
+    assert _may_publish(CLIENT, subjects.job_submit_subject(CLIENT))
     for subject in (subjects.job_accepted_subject("j"), subjects.event_subject("info", "x"),
                     "$JS.API.STREAM.INFO.KOI_TICKS", "$JS.API.STREAM.DELETE.KOI_EVENTS",
                     "$JS.API.CONSUMER.CREATE.KOI_TICKS"):
         assert not _may_publish(CLIENT, subject), subject
     assert _may_publish(CLIENT, "$JS.API.CONSUMER.CREATE.KOI_EVENTS")
     assert permissions_of(CLIENT).subscribe == ("_INBOX.>",)
+
+
+def test_a_submitter_may_submit_on_its_own_subject_only() -> None:
+    alice = permissions.submitter("alice")
+    mine = [p for p in alice.publish if p.startswith(subjects.JOBS_SUBMIT_PREFIX)]
+    assert mine == [subjects.job_submit_subject("alice")]
+    assert not any(subject_matches(p, subjects.job_submit_subject("bob"))
+                   for p in alice.publish)
+    assert not _may_publish(CLIENT, subjects.job_submit_subject("alice"))
+    assert permissions.submitter(CLIENT) == permissions_of(CLIENT)
+    # the same reads as the client: events and the jobs stream, nothing else
+    assert alice.publish[1:] == permissions_of(CLIENT).publish[1:]
+    assert alice.subscribe == ("_INBOX.>",) and not alice.responds
+    # no service publishes on anyone's submit subject; the placer alone answers them
+    for role in SERVICES:
+        assert not _may_publish(role, subjects.job_submit_subject("alice")), role
+    assert permissions.RESPONDERS[subjects.JOBS_SUBMIT_ANY] == "placer"
+
+
+@pytest.mark.parametrize("name", ["placer", ADMIN, "a.b", "*", ">", "", "x" * 65])
+def test_a_submitter_cannot_take_a_roles_name_or_span_tokens(name: str) -> None:
+    with pytest.raises(ValueError):
+        permissions.submitter(name)
+
+
+def test_init_adds_submitters_keeps_them_and_writes_them_into_the_config(tmp_path) -> None:
+    sec = init_security(tmp_path, submitters=("alice",))
+    assert sec.submitters() == ("alice",)
+    sec = init_security(tmp_path, submitters=("bob", CLIENT))   # alice is kept
+    assert sec.submitters() == ("alice", "bob") and set(sec.users()) == {*ROLES, "alice",
+                                                                          "bob"}
+    passwords = sec.passwords()
+    assert len(set(passwords.values())) == len(passwords)
+    conf = (tmp_path / "nats-auth.conf").read_text()
+    users = json.loads(conf.split("users: ", 1)[1].rsplit("\n  }", 1)[0])
+    by_name = {u["user"]: u for u in users}
+    assert by_name["bob"]["permissions"]["publish"]["allow"][0] == "koi.jobs.submit.bob"
+    assert by_name[CLIENT]["permissions"]["publish"]["allow"][0] == "koi.jobs.submit.client"
+    assert all(p not in conf for p in passwords.values())
+    with pytest.raises(ValueError, match="cannot be a submitter"):
+        init_security(tmp_path, submitters=("evaluator",))
 
 
 @pytest.mark.parametrize("role", SERVICES)

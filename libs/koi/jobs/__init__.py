@@ -1,6 +1,6 @@
 """Job specifications: online services and batch work, their arrivals and token lengths.
 
-What users submit to Koi (``koi.jobs.submit``), as frozen dataclasses: ``OnlineJob``
+What users submit to Koi (``koi.jobs.submit.<user>``), as frozen dataclasses: ``OnlineJob``
 (arrival process or trace, input/output length distributions, TTFT/TPOT SLO, priority)
 and ``BatchJob`` (token volume and deadline); ``parse_job``/``load_jobs_yaml`` validate
 the dict/YAML form with errors naming field and line; ``job_to_dict`` is the inverse.

@@ -1,5 +1,5 @@
-"""Submission intake policy: the sender's deadline (per-submitter rate limits are not
-built yet: docs/RELIABILITY.md, "Left open").
+"""Submission intake policy: the sender's deadline (per-submitter rate limits are
+``koi.jobs.rate_limit``).
 
 Pure functions; time is passed in, never read here, and nothing here knows about NATS
 (the placer's ``services/placer/admission.py`` applies these to messages and their
