@@ -116,12 +116,25 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
     online = {j.id for j in snapshot.jobs if not j.is_batch}
     feasible_jobs = {p.job_id for p, ok in zip(ev.proposals, ev.slo_feasible, strict=True)
                      if ok}
-    rows: dict[str, list] = defaultdict(list)
-    configs = []
+    # per proposal row: its numbers after the checks below; per table row: the proposal
+    # row, the offering, and what the offering is to the job
+    n = len(ev.proposals)
+    goodput_of, rate_of = ev.goodput_tok_s.copy(), ev.max_rate_rps.copy()
+    feasible_of = ev.slo_feasible.astype(bool).copy()
+    shrink_of, churn_of = np.ones(n), np.zeros(n)  # churn_of: replicas a move re-provisions
+    moves_of = np.zeros(n, dtype=bool)               # whether the job runs anywhere now
+    at: list[int] = []
+    off_at: list[int] = []
+    keeps_at: list[bool] = []
+    current_at: list[bool] = []
+    configs: list[DeploymentConfig] = []
+    measured_at: list[tuple[float, float]] = []
+    off_index: dict[str, int] = {}
+    offerings: list = []
     running: dict[str, tuple] = {}  # per job: (config, offering) pairs, replicas, in_place
-    last, where = None, []
+    last: object = None
+    where: list[tuple[int, DeploymentConfig, bool, bool]] = []
     for i, p in enumerate(ev.proposals):
-        goodput, rate, feasible = ev.goodput_tok_s[i], ev.max_rate_rps[i], ev.slo_feasible[i]
         if p.job_id in admitted and p.job_id not in feasible_jobs:
             # an admitted job nothing serves robustly is held as it runs, not rejected:
             # no value is planned for it (so it is not grown, moved or started), and
@@ -129,7 +142,8 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
             # nominal prediction misses its SLO everywhere is it rejected (and stopped).
             # Planning such jobs on the nominal prediction instead was measured and lost
             # (hetero-12h 71.1 / 71.7 against 73.9 / 74.8 on seeds 1-2; NOTES)
-            goodput, rate, feasible = 0.0, 0.0, ev.nominal_max_rate_rps[i] > 0
+            goodput_of[i], rate_of[i] = 0.0, 0.0
+            feasible_of[i] = ev.nominal_max_rate_rps[i] > 0
         if p.job_id not in running:
             running[p.job_id] = _running(live.get(p.job_id, []), p.job_id in reshard,
                                          not (make_before_break and p.job_id in online))
@@ -138,55 +152,59 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
             # an online proposal comes once per risk level, as consecutive rows: its
             # offerings' configs and their relation to what runs are the same each time
             last = p
-            where = [(off, _on_offering(p.config, off.id), keeps(p.config, off.id),
-                      (p.config, off.id) in current)
-                     for off in offers_by_accel.get(p.config.accelerator, [])]
-        shrink = 1.0
+            where = []
+            for off in offers_by_accel.get(p.config.accelerator, []):
+                if off.id not in off_index:
+                    off_index[off.id] = len(offerings)
+                    offerings.append(off)
+                where.append((off_index[off.id], _on_offering(p.config, off.id),
+                              keeps(p.config, off.id), (p.config, off.id) in current))
         if estimate_sd is not None and uncertainty_z > 0 and current:
             tried = live[p.job_id][0].config
-            shrink = math.exp(-uncertainty_z * max(estimate_sd(p.config)
-                                                   - estimate_sd(tried), 0.0))
-        for off, config, keeps_gpus, is_current in where:
+            shrink_of[i] = math.exp(-uncertainty_z * max(estimate_sd(p.config)
+                                                         - estimate_sd(tried), 0.0))
+        moves_of[i] = bool(current)
+        churn_of[i] = max(held_replicas, 1)
+        for k, config, keeps_gpus, is_current in where:
             if current and not is_current and p.job_id in held:
                 continue
-
             if measured is not None:
-                if (i, off.id) not in measured:
+                pair = (i, offerings[k].id)
+                if pair not in measured:
                     continue
-                rate, goodput = measured[(i, off.id)]
-                feasible = rate > 0
-            usd = off.usd_per_gpu_hour * p.config.gpus_per_replica
-            margin = 1.0 if is_current else shrink
-            rows["in_place"].append(keeps_gpus)
-            rows["job_id"].append(p.job_id)
-            rows["candidate_id"].append(f"{i}@{off.id}")
-            rows["offering"].append(off.id)
-            rows["gpus"].append(p.config.gpus_per_replica)
-            rows["goodput"].append(goodput * margin)
-            rows["usd"].append(usd)
-            rows["rate"].append(rate * margin)
-            rows["preempt"].append(min(off.preemption_rate_per_hour * RECLAIM_LOSS_H, 1.0))
-            rows["current"].append(is_current)
-            # moving re-provisions every replica the job holds now
-            rows["churn"].append(0.0 if is_current or not current
-                                 else churn_hours * usd * max(held_replicas, 1))
-            rows["feasible"].append(bool(feasible))
-            rows["risk"].append(float(ev.slo_risk[i]))
+                measured_at.append(measured[pair])
+            at.append(i)
+            off_at.append(k)
+            keeps_at.append(keeps_gpus)
+            current_at.append(is_current)
             configs.append(config)
+    rows = np.array(at, dtype=np.int64)
+    offs = np.array(off_at, dtype=np.int64)
+    current_rows = np.array(current_at, dtype=bool)
+    goodput, rate, feasible = goodput_of[rows], rate_of[rows], feasible_of[rows]
+    if measured is not None:  # the oracle's measured rates replace the predicted ones
+        rate = np.array([r for r, _ in measured_at], dtype=np.float64)
+        goodput = np.array([g for _, g in measured_at], dtype=np.float64)
+        feasible = rate > 0
+    margin = np.where(current_rows, 1.0, shrink_of[rows])
+    gpus = np.array([p.config.gpus_per_replica for p in ev.proposals], dtype=np.int64)[rows]
+    usd = np.array([o.usd_per_gpu_hour for o in offerings], dtype=np.float64)[offs] * gpus
+    preempt = np.array([o.preemption_rate_per_hour for o in offerings], dtype=np.float64)
+    # moving re-provisions every replica the job holds now
+    churn = np.where(current_rows | ~moves_of[rows], 0.0,
+                     churn_hours * usd * churn_of[rows])
+    job_ids = np.array([p.job_id for p in ev.proposals], dtype=object)[rows]
+    off_ids = np.array([o.id for o in offerings], dtype=object)[offs]
     table = CandidateTable(
-        job_id=np.array(rows["job_id"], dtype=object),
-        candidate_id=np.array(rows["candidate_id"], dtype=object),
-        offering=np.array(rows["offering"], dtype=object),
-        gpus_per_replica=np.array(rows["gpus"], dtype=np.int64),
-        goodput_tok_s=np.array(rows["goodput"], dtype=np.float64),
-        usd_per_hour=np.array(rows["usd"], dtype=np.float64),
-        max_rate_rps=np.array(rows["rate"], dtype=np.float64),
-        slo_risk=np.clip(np.array(rows["risk"], dtype=np.float64), 0.0, 1.0),
-        preemption_exposure=np.array(rows["preempt"], dtype=np.float64),
-        is_current=np.array(rows["current"], dtype=bool),
-        migration_cost=np.array(rows["churn"], dtype=np.float64),
-        feasible_slo=np.array(rows["feasible"], dtype=bool),
-        in_place=np.array(rows["in_place"], dtype=bool), configs=tuple(configs))
+        job_id=job_ids,
+        candidate_id=np.array([f"{i}@{o}" for i, o in zip(at, off_ids, strict=True)],
+                              dtype=object),
+        offering=off_ids, gpus_per_replica=gpus, goodput_tok_s=goodput * margin,
+        usd_per_hour=usd, max_rate_rps=rate * margin,
+        slo_risk=np.clip(ev.slo_risk[rows].astype(np.float64), 0.0, 1.0),
+        preemption_exposure=np.minimum(preempt[offs] * RECLAIM_LOSS_H, 1.0),
+        is_current=current_rows, migration_cost=churn, feasible_slo=feasible.astype(bool),
+        in_place=np.array(keeps_at, dtype=bool), configs=tuple(configs))
     return table, _capacity(snapshot)
 
 

@@ -159,7 +159,8 @@ def evaluate(proposals: Sequence[Proposal], loads: Mapping[str, JobLoad], *,
             risk.append(0.0)
     proposals = rows
     # where the job's load would put one replica: online at its rate, batch saturated
-    pairs = [(p.config, _workload(loads[p.job_id])) for p in proposals]
+    workloads = {job_id: _workload(load) for job_id, load in loads.items()}
+    pairs = [(p.config, workloads[p.job_id]) for p in proposals]
     if not pairs:
         return Evaluated.empty()
     run = kernel or (lambda X: evaluate_matrix(X, backend=backend))
