@@ -23,6 +23,7 @@ from pathlib import Path
 
 from koi.bench.bar import Bar, GapClosed, Medians, suite_bar
 from koi.bench.report import COST_UNIT, churn_markdown, markdown_table, summarise_records
+from koi.bench.scale import scale_markdown
 from koi.bench.stats import Comparison, Record
 from koi.bench.suite import HELD_OUT_FROM, REPORT, RUNS, read_records, record_key
 
@@ -118,10 +119,12 @@ def stamp(record: Record) -> Record:
 # --- rendering (pure) --------------------------------------------------------------------
 
 def render(files: Sequence[RunFile], *, command: str, date: str,
-           shipped: Sequence[str], needs_model: Sequence[str] = ()) -> str:
+           shipped: Sequence[str], needs_model: Sequence[str] = (),
+           ticks: Sequence[Record] = ()) -> str:
     """The whole document. ``shipped``: the shipped scenarios' names, in table order;
     ``needs_model``: the registered policies that need a language-model endpoint (those
-    the runs do not hold are listed as "needs an endpoint", never given a number)."""
+    the runs do not hold are listed as "needs an endpoint", never given a number);
+    ``ticks``: `koi bench tick --out` records (``koi.bench.scale``), the Scale section."""
     suites, scenarios = split_runs(files)
     records = [r for f in files for r in f.records]
     parts = [_header(files, records, command, date)]
@@ -144,6 +147,7 @@ def render(files: Sequence[RunFile], *, command: str, date: str,
     if others:
         parts.append("## Other scenarios\n")
         parts += [_scenario(n, scenarios[n]) for n in others]
+    parts += ["## Scale\n", scale_markdown(ticks)]
     return _blocks(parts)
 
 

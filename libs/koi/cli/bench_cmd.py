@@ -151,6 +151,7 @@ def report_command(
     """One results document from the runs already made: per generated suite, each
     policy's mean score, Koi against each (paired bootstrap) and the bar; per shipped
     scenario, the koi bench table. Runs nothing."""
+    from koi.bench import scale
     from koi.bench.results import load_run_files, render
     from koi.policies import policy_class, policy_names
     from koi.scenario import list_scenarios
@@ -165,6 +166,7 @@ def report_command(
     command = shlex.join(["koi", "bench", "report", *map(str, paths), "-o", str(out)])
     text = render(files, command=command, shipped=list_scenarios(),
                   needs_model=[n for n in policy_names() if policy_class(n).needs_model],
+                  ticks=scale.load(paths),
                   date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
     if str(out) == "-":
         print(text, end="")

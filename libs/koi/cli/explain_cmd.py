@@ -18,10 +18,17 @@ from koi.bench.learning import peak_rss_mib, plot, replay, stage_times, summary,
 
 
 def _replay(console: Console, scenario: str, policy: str, seed: int,
-            until_tick: int | None = None):
+            until_tick: int | None = None, loaded: list | None = None):
+    """The replay of ``scenario``; with ``loaded`` (a list) the loaded scenario is
+    appended to it."""
+    from koi.scenario import load_scenario
+
     try:
         with console.status(f"replaying {scenario} with {policy}…") as status:
-            return replay(scenario, policy, seed, until_tick=until_tick,
+            scn = load_scenario(scenario)
+            if loaded is not None:
+                loaded.append(scn)
+            return replay(scn, policy, seed, until_tick=until_tick,
                           on_tick=lambda d, n: status.update(f"tick {d}/{n}"))
     except (ValueError, KeyError, FileNotFoundError) as e:
         typer.echo(f"koi: {e.args[0] if e.args else e}", err=True)
@@ -83,8 +90,10 @@ def learning_command(console: Console, scenario: str, policy: str, seed: int,
     console.print(f"wrote {base.with_suffix('.png')} and {base.with_suffix('.csv')}")
 
 
-def tick_command(console: Console, scenario: str, policy: str, seed: int, ticks: int) -> None:
-    run = _replay(console, scenario, policy, seed, until_tick=ticks - 1)
+def tick_command(console: Console, scenario: str, policy: str, seed: int, ticks: int,
+                 out: Path | None = None) -> None:
+    loaded: list = []
+    run = _replay(console, scenario, policy, seed, until_tick=ticks - 1, loaded=loaded)
     t = Table(title=f"Planning tick on {run.scenario} ({policy}, seed {seed}, "
                     f"first {len(run.reports)} ticks)")
     for col in ("stage", "median s", "p90 s"):
@@ -93,6 +102,19 @@ def tick_command(console: Console, scenario: str, policy: str, seed: int, ticks:
         t.add_row(stage, f"{median:.3f}", f"{p90:.3f}")
     console.print(t)
     console.print(f"peak resident memory {peak_rss_mib():.0f} MiB")
+    if out is not None:
+        from koi.bench import scale
+        from koi.bench.suite import git_commit, machine
+
+        scn = loaded[0]
+        record = scale.tick_record(run, gpus=scn.total_gpus, jobs=len(scn.jobs),
+                                   peak_rss_mib=peak_rss_mib(), commit=git_commit(),
+                                   machine=machine())
+        if record["offerings_over_capacity"]:
+            console.print(f"[red]{record['offerings_over_capacity']} (tick, offering) "
+                          "pairs where a plan occupies more GPUs than it was given[/red]")
+        scale.append(out / scale.TICKS, record)
+        console.print(f"appended to {out / scale.TICKS}")
 
 
 def _f(x: float | None) -> str:

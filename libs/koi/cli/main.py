@@ -298,12 +298,15 @@ def bench_tick(
     policy: Annotated[str, Opt(help="koi or one of its ablations.")] = "koi",
     seed: Annotated[int, Opt(help="Seed.")] = 1,
     ticks: Annotated[int, Opt(help="Time the first N planning ticks.", min=1)] = 90,
+    out: Annotated[Path | None, Opt(help="Directory whose ticks.jsonl gets this run's "
+                                         "record (koi bench report's Scale section).")
+                   ] = None,
 ) -> None:
     """Planning-tick time (propose → evaluate → compose → place, and learn): median and
     p90 per stage over the first --ticks ticks."""
     from koi.cli.explain_cmd import tick_command
 
-    tick_command(console, scenario, policy, seed, ticks)
+    tick_command(console, scenario, policy, seed, ticks, out)
 
 
 bench_app.command("report")(report_command)
