@@ -131,6 +131,13 @@ class DeploymentConfig:
 
 
 KNOBS: tuple[str, ...] = tuple(f.name for f in fields(DeploymentConfig))
+_KNOB_SET = frozenset(KNOBS)
+# per knob: (name, its metadata, its enum type where its choices are an enum's), read once
+# (validation runs over every proposer grid configuration)
+_RULES: tuple[tuple[str, Any, type | None], ...] = tuple(
+    (f.name, f.metadata, type(f.metadata["choices"][0])
+     if f.metadata.get("choices") and isinstance(f.metadata["choices"][0], StrEnum) else None)
+    for f in fields(DeploymentConfig))
 
 
 def knob_help(name: str) -> dict[str, Any]:
@@ -148,23 +155,21 @@ def config_to_dict(config: DeploymentConfig) -> dict[str, Any]:
 
 def config_from_dict(data: dict[str, Any]) -> DeploymentConfig:
     """Build a config from a plain dict, coercing enum strings; unknown keys are an error."""
-    unknown = sorted(set(data) - set(KNOBS))
+    unknown = sorted(set(data) - _KNOB_SET)
     if unknown:
         raise InvalidConfigError(unknown[0], f"unknown knob; known knobs: {', '.join(KNOBS)}")
     kwargs: dict[str, Any] = {}
-    for f in fields(DeploymentConfig):
-        if f.name not in data:
+    for name, meta, enum_type in _RULES:
+        if name not in data:
             continue
-        value = data[f.name]
-        choices = f.metadata.get("choices")
-        if choices and isinstance(choices[0], StrEnum):
-            enum_type = type(choices[0])
+        value = data[name]
+        if enum_type is not None:
             try:
                 value = enum_type(value)
             except ValueError:
-                allowed = ", ".join(c.value for c in choices)
-                raise InvalidConfigError(f.name, f"{value!r} is not one of {allowed}") from None
-        kwargs[f.name] = value
+                allowed = ", ".join(c.value for c in meta["choices"])
+                raise InvalidConfigError(name, f"{value!r} is not one of {allowed}") from None
+        kwargs[name] = value
     return DeploymentConfig(**kwargs)
 
 
@@ -309,17 +314,16 @@ def check(cfg: DeploymentConfig, catalog: Catalog | None = None) -> DeploymentCo
 
 def _check_ranges(cfg: DeploymentConfig) -> list[InvalidConfigError]:
     errors = []
-    for f in fields(DeploymentConfig):
-        value = getattr(cfg, f.name)
-        meta = f.metadata
+    for name, meta, _ in _RULES:
+        value = getattr(cfg, name)
         if "min" in meta and value < meta["min"]:
-            errors.append(InvalidConfigError(f.name, f"{value} is below the minimum {meta['min']}"))
+            errors.append(InvalidConfigError(name, f"{value} is below the minimum {meta['min']}"))
         if "max" in meta and value > meta["max"]:
-            errors.append(InvalidConfigError(f.name, f"{value} is above the maximum {meta['max']}"))
+            errors.append(InvalidConfigError(name, f"{value} is above the maximum {meta['max']}"))
         choices = meta.get("choices")
         if choices and value not in choices:
             allowed = ", ".join(str(getattr(c, "value", c)) for c in choices)
-            errors.append(InvalidConfigError(f.name, f"{value!r} is not one of {allowed}"))
+            errors.append(InvalidConfigError(name, f"{value!r} is not one of {allowed}"))
     return errors
 
 
