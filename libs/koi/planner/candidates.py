@@ -121,8 +121,9 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
     n = len(ev.proposals)
     goodput_of, rate_of = ev.goodput_tok_s.copy(), ev.max_rate_rps.copy()
     feasible_of = ev.slo_feasible.astype(bool).copy()
-    shrink_of, churn_of = np.ones(n), np.zeros(n)  # churn_of: replicas a move re-provisions
-    moves_of = np.zeros(n, dtype=bool)               # whether the job runs anywhere now
+    shrink_of = np.ones(n)
+    moves_of: list[bool] = []     # per proposal row: whether the job runs anywhere now
+    churn_of: list[int] = []      # and the replicas a move re-provisions
     at: list[int] = []
     off_at: list[int] = []
     keeps_at: list[bool] = []
@@ -133,7 +134,12 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
     offerings: list = []
     running: dict[str, tuple] = {}  # per job: (config, offering) pairs, replicas, in_place
     last: object = None
-    where: list[tuple[int, DeploymentConfig, bool, bool]] = []
+    # the last proposal's offerings: their indices, its config on each, whether each
+    # keeps the job's GPUs, whether each is what runs
+    ks: list[int] = []
+    on: list[DeploymentConfig] = []
+    keeping: list[bool] = []
+    runs_there: list[bool] = []
     for i, p in enumerate(ev.proposals):
         if p.job_id in admitted and p.job_id not in feasible_jobs:
             # an admitted job nothing serves robustly is held as it runs, not rejected:
@@ -152,20 +158,31 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
             # an online proposal comes once per risk level, as consecutive rows: its
             # offerings' configs and their relation to what runs are the same each time
             last = p
-            where = []
+            ks, on, keeping, runs_there = [], [], [], []
             for off in offers_by_accel.get(p.config.accelerator, []):
                 if off.id not in off_index:
                     off_index[off.id] = len(offerings)
                     offerings.append(off)
-                where.append((off_index[off.id], _on_offering(p.config, off.id),
-                              keeps(p.config, off.id), (p.config, off.id) in current))
+                ks.append(off_index[off.id])
+                on.append(_on_offering(p.config, off.id))
+                keeping.append(keeps(p.config, off.id))
+                runs_there.append((p.config, off.id) in current)
         if estimate_sd is not None and uncertainty_z > 0 and current:
             tried = live[p.job_id][0].config
             shrink_of[i] = math.exp(-uncertainty_z * max(estimate_sd(p.config)
                                                          - estimate_sd(tried), 0.0))
-        moves_of[i] = bool(current)
-        churn_of[i] = max(held_replicas, 1)
-        for k, config, keeps_gpus, is_current in where:
+        moves_of.append(bool(current))
+        churn_of.append(max(held_replicas, 1))
+        if measured is None and not (current and p.job_id in held):
+            # every offering of the part (the common case, taken whole)
+            at.extend([i] * len(ks))
+            off_at.extend(ks)
+            keeps_at.extend(keeping)
+            current_at.extend(runs_there)
+            configs.extend(on)
+            continue
+        for k, config, keeps_gpus, is_current in zip(ks, on, keeping, runs_there,
+                                                     strict=True):
             if current and not is_current and p.job_id in held:
                 continue
             if measured is not None:
@@ -191,8 +208,8 @@ def scored_candidates(ev: Evaluated, snapshot: ClusterSnapshot, catalog: Catalog
     usd = np.array([o.usd_per_gpu_hour for o in offerings], dtype=np.float64)[offs] * gpus
     preempt = np.array([o.preemption_rate_per_hour for o in offerings], dtype=np.float64)
     # moving re-provisions every replica the job holds now
-    churn = np.where(current_rows | ~moves_of[rows], 0.0,
-                     churn_hours * usd * churn_of[rows])
+    churn = np.where(current_rows | ~np.array(moves_of, dtype=bool)[rows], 0.0,
+                     churn_hours * usd * np.array(churn_of, dtype=np.float64)[rows])
     job_ids = np.array([p.job_id for p in ev.proposals], dtype=object)[rows]
     off_ids = np.array([o.id for o in offerings], dtype=object)[offs]
     table = CandidateTable(

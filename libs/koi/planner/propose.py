@@ -23,7 +23,7 @@ chosen here: a proposal is priced per offering later. No prediction, no scoring.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -206,14 +206,19 @@ class _Part:
         return (said[2], said[1]) if said else ((), [])
 
     def runs(self) -> list[tuple[float, int, int]]:
-        """(level, first position, end) of each run of one ``max(priority, 0)``."""
+        """(level, first position, end) of each run of one ``max(priority, 0)``: each
+        promoted priority's positions, then every one at or below 0 (the scores are in
+        descending order)."""
         out: list[tuple[float, int, int]] = []
-        for r, score in enumerate(self.scores):
-            level = max(score, 0.0)
-            if out and out[-1][0] == level:
-                out[-1] = (level, out[-1][1], r + 1)
-            else:
-                out.append((level, r, r + 1))
+        scores, n, r = self.scores, len(self.scores), 0
+        while r < n:
+            level = max(scores[r], 0.0)
+            if level == 0.0:
+                out.append((0.0, r, n))
+                break
+            end = bisect_right(range(n), -level, lo=r, key=lambda i: -scores[i])
+            out.append((level, r, end))
+            r = end
         return out
 
 

@@ -28,6 +28,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
+from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -177,8 +178,16 @@ def _exp(x: np.ndarray) -> np.ndarray:
     return np.array([math.exp(v) for v in values], dtype=float)[where.reshape(x.shape)]
 
 
-def _column(robust: Sequence[Robustness], name: str) -> np.ndarray:
-    return np.fromiter((getattr(r, name) for r in robust), dtype=float, count=len(robust))
+_COLUMNS = ("ttft_mult", "tpot_mult", "tput_mult", "radius_ttft", "radius_tpot",
+            "radius_tput", "pass_mult")
+
+
+def _columns(robust: Sequence[Robustness]) -> dict[str, np.ndarray]:
+    """The ``Robustness`` fields the rows are scored with, one array each."""
+    if not robust:
+        return {name: np.zeros(0) for name in _COLUMNS}
+    table = np.array(list(map(attrgetter(*_COLUMNS), robust)), dtype=float)
+    return {name: table[:, k] for k, name in enumerate(_COLUMNS)}
 
 
 @dataclass(frozen=True)
@@ -190,15 +199,17 @@ class RobustRows:
     robustness: tuple[Robustness, ...]
 
     @cached_property
+    def columns(self) -> dict[str, np.ndarray]:
+        return _columns(self.robustness)
+
+    @cached_property
     def ttft_factors(self) -> np.ndarray:
         """Each row's ``Robustness.ttft_factor``."""
-        return (_column(self.robustness, "ttft_mult")
-                * _exp(_column(self.robustness, "radius_ttft")))
+        return self.columns["ttft_mult"] * _exp(self.columns["radius_ttft"])
 
     @cached_property
     def tpot_factors(self) -> np.ndarray:
-        return (_column(self.robustness, "tpot_mult")
-                * _exp(_column(self.robustness, "radius_tpot")))
+        return self.columns["tpot_mult"] * _exp(self.columns["radius_tpot"])
 
     @property
     def ttft_p95_ms(self) -> np.ndarray:
@@ -216,8 +227,8 @@ class RobustRows:
     @cached_property
     def rate_factors(self) -> np.ndarray:
         """Each row's ``Robustness.rate_factor``."""
-        return np.minimum(_column(self.robustness, "tput_mult")
-                          * _exp(-_column(self.robustness, "radius_tput")), 1.0)
+        return np.minimum(self.columns["tput_mult"] * _exp(-self.columns["radius_tput"]),
+                          1.0)
 
     def mediators(self, j: int) -> dict[str, float]:
         """Row ``j``'s predicted mediators under the causal graph's names."""
@@ -235,16 +246,17 @@ def robust_rows(pairs: Sequence[tuple[DeploymentConfig, Workload]],
     saturated = np.fromiter((wl.mode == LoadMode.SATURATED for _, wl in pairs), dtype=bool,
                             count=len(pairs))
     X = build_inputs(pairs, catalog, calibration)
+    cols = _columns(robust)
     # the SLOs a prediction must meet for its robust value to meet the job's:
     # S / (m · e^r), 0 for none
     for row, mult, radius in (("slo_ttft", "ttft_mult", "radius_ttft"),
                               ("slo_tpot", "tpot_mult", "radius_tpot")):
         slo_ms = np.fromiter((getattr(wl, f"{row}_ms") for _, wl in pairs), dtype=float,
                              count=len(pairs))
-        factor = _column(robust, mult) * _exp(_column(robust, radius))
+        factor = cols[mult] * _exp(cols[radius])
         tight = np.divide(slo_ms, factor, out=np.zeros_like(slo_ms), where=slo_ms > 0)
         X[IN[row]] = tight * 1e-3
-    pass_mult = np.where(saturated, 1.0, _column(robust, "pass_mult"))
+    pass_mult = np.where(saturated, 1.0, cols["pass_mult"])
     Y = run(scale_passes(X, pass_mult) if np.any(pass_mult != 1.0) else X)
     rows = RobustRows(Y, tuple(robust))
     if regime is None or not saturated.any():
