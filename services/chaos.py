@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import nats.errors
 
@@ -344,7 +345,8 @@ def run_case(case: Case, work: Path, timeout_s: float = 420.0, ticks: int = TICK
 def over_capacity(snaps: dict[int, object]) -> list[int]:
     """Ticks whose snapshot holds more GPUs on an offering than it has, where the world
     did not take that capacity away since the tick before."""
-    bad, before = [], {}
+    bad: list[int] = []
+    before: dict[str, Any] = {}
     for n in sorted(snaps):
         caps = {c.offering: c for c in snaps[n].capacity}  # type: ignore[attr-defined]
         for off, c in caps.items():

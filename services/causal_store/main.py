@@ -19,6 +19,8 @@ with them, learning also depends on which rounds had arrived when the tick was l
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from koi import subjects
 from koi.causal.store import BeliefStore
 from koi.dro import DroCalibrator
@@ -63,7 +65,7 @@ async def run(ctx: ServiceContext) -> None:
     cache = StateCache(settings)
     feed = await HypothesisFeed(ctx.bus, ctx.catalog).start()
 
-    async def handle(subject: str, data: bytes, headers: dict | None) -> None:
+    async def handle(subject: str, data: bytes, headers: Mapping[str, str] | None) -> None:
         try:
             tick, observations = planning.decode_observations(data)
         except Exception as exc:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -139,7 +139,7 @@ async def run(ctx: ServiceContext) -> None:
                         proposals[item.start:item.end], kernel.hits - h0,
                         kernel.misses - m0, kernel.skipped - s0)
 
-    async def handle(subject: str, data: bytes, headers: dict | None) -> None:
+    async def handle(subject: str, data: bytes, headers: Mapping[str, str] | None) -> None:
         tick = subjects.tick_of(subject)
         ts = time.perf_counter()
         if await ctx.bus.has(subjects.tick_subject(tick, "plan")):

@@ -26,6 +26,7 @@ import contextlib
 import os
 import socket
 import uuid
+from collections.abc import Mapping
 
 from koi import subjects
 from koi.cluster import ActionKind, ClusterSnapshot, PlanDecision
@@ -70,7 +71,8 @@ class Placer:
 
     # --- plans -------------------------------------------------------------------------
 
-    async def on_plan(self, subject: str, data: bytes, headers: dict | None) -> None:
+    async def on_plan(self, subject: str, data: bytes, headers: Mapping[str, str] | None
+                      ) -> None:
         tick = subjects.tick_of(subject)
         if await self.ctx.bus.get_last(subjects.tick_subject(tick, "actions")) is not None:
             return  # placed already (or degraded before the plan came)
@@ -173,7 +175,8 @@ class Placer:
 
     # --- the tick's deadline -------------------------------------------------------------
 
-    async def on_snapshot(self, subject: str, data: bytes, headers: dict | None) -> None:
+    async def on_snapshot(self, subject: str, data: bytes,
+                          headers: Mapping[str, str] | None) -> None:
         tick = subjects.tick_of(subject)
         task = asyncio.create_task(self.deadline(tick))
         self.timers.add(task)

@@ -17,6 +17,8 @@ own (``koi.rlm.adopt.widen``). Without one nothing here changes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from koi import subjects
 from koi.planner.propose import Proposal
 from koi.planner.settings import settings_for
@@ -61,7 +63,7 @@ async def run(ctx: ServiceContext) -> None:
             proposals = widen(proposals, extra)
         return planning.encode_candidates(item.tick, version, proposals)
 
-    async def handle(subject: str, data: bytes, headers: dict | None) -> None:
+    async def handle(subject: str, data: bytes, headers: Mapping[str, str] | None) -> None:
         tick = subjects.tick_of(subject)
         if await ctx.bus.has(subjects.tick_subject(tick, "candidates")):
             return  # already done (a redelivery)

@@ -15,6 +15,8 @@ a restart or a redelivery tells the same story with the same event ids).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from koi import subjects
 from koi.cluster import ClusterSnapshot, DeploymentTelemetry
 from koi.jobs import OnlineJob, Slo
@@ -76,7 +78,7 @@ async def run(ctx: ServiceContext) -> None:
     policy = BreachPolicy()
     windows = WindowHistory(ctx.bus, policy)
 
-    async def handle(subject: str, data: bytes, headers: dict | None) -> None:
+    async def handle(subject: str, data: bytes, headers: Mapping[str, str] | None) -> None:
         try:
             tick, telemetry = planning.decode_telemetry(data)
         except Exception as exc:
