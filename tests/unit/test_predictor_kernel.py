@@ -124,3 +124,19 @@ def test_backend_name_is_checked() -> None:
     X = build_inputs([(DeploymentConfig(), Workload(100, 10))])
     with pytest.raises(ValueError, match="backend"):
         evaluate_matrix(X, backend="torch")
+
+
+def test_the_threaded_kernel_gives_the_serial_numbers_bit_for_bit(cat: Catalog) -> None:
+    from koi.predictor.kernel import PARALLEL_MIN_COLUMNS, predict_kernel
+
+    rng = np.random.default_rng(7)
+    pairs: list[tuple[DeploymentConfig, Workload]] = []
+    while len(pairs) < 400:
+        cfg = random_config(rng, cat)
+        if not validate(cfg, cat):
+            pairs.append((cfg, random_workload(rng)))
+    X = build_inputs(pairs, cat)
+    X = np.tile(X, (1, PARALLEL_MIN_COLUMNS // X.shape[1] + 1))  # past the threshold
+    serial, threaded = predict_kernel(X, parallel=False), predict_kernel(X, parallel=True)
+    assert np.array_equal(serial, threaded, equal_nan=True)
+    assert np.array_equal(predict_kernel(X), threaded, equal_nan=True)

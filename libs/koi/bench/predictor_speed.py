@@ -3,7 +3,8 @@
 Candidates are drawn from the in-scope measurement cases (real model × accelerator ×
 engine combinations) with randomised lengths and an open-loop Poisson load — the
 shape of the evaluator's work. Reports predictions per second, median of several runs.
-Single-threaded by construction (the kernel has no parallel loops). No I/O.
+The kernel on one core (its serial loop), then split over the machine's cores as the
+planner runs a large batch (``koi.predictor.kernel``). No I/O.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 
 from koi.predictor.columns import IN, MODE_RATE
 from koi.predictor.features import build_inputs
-from koi.predictor.kernel import predict_kernel
+from koi.predictor.kernel import THREADS, predict_kernel
 from koi.predictor.measurements import load_cases
 from koi.predictor.reference import predict_reference
 
@@ -67,7 +68,12 @@ def run(n: int = 1_000_000, runs: int = 5, numpy_runs: int = 3,
     predict_kernel(X[:, :16])  # compile (or load the cache) outside the timing
     if progress:
         progress("numba kernel")
-    results = [time_backend("numba", predict_kernel, X, runs)]
+    # one core (the serial loop), then the batch split over the cores as the planner
+    # runs it (koi.predictor.kernel.PARALLEL_MIN_COLUMNS)
+    results = [time_backend("numba", lambda X: predict_kernel(X, parallel=False), X, runs)]
+    if THREADS > 1:
+        results.append(time_backend(f"numba, {THREADS} threads",
+                                    lambda X: predict_kernel(X, parallel=True), X, runs))
     if numpy_runs > 0:
         if progress:
             progress("numpy reference")
