@@ -84,7 +84,8 @@ lint: proto
 	cd proto && ../$(BIN)/buf lint
 
 typecheck: proto
-	$(BIN)/mypy libs/koi services
+	$(BIN)/mypy libs/koi
+	$(BIN)/mypy services
 
 clean:
 	rm -rf $(VENV) libs/koi/v1 .pytest_cache

@@ -225,20 +225,27 @@ async def test_a_job_cannot_bypass_admission(secure_nats, secure_bus) -> None:
         await s.nc.close()
 
 
-@pytest.mark.asyncio
-async def test_a_submitter_cannot_submit_on_another_users_subject(secure_nats,
-                                                                  secure_bus) -> None:
-    """Each submitter's only submit subject is its own, so nobody can spend another's
-    rate limit: the server refuses the forged one, and the placer never sees it."""
+async def _accepting_placer(secure_nats, job_id: str):
+    """A session as the placer answering every submission accepted, and the subjects it
+    was asked on."""
     placer = await _as(secure_nats, "placer")
     seen: list[str] = []
 
     async def admit(msg) -> None:
         seen.append(msg.subject)
-        await msg.respond(jobs_pb2.JobAck(accepted=True, job_id="j").SerializeToString())
+        await msg.respond(jobs_pb2.JobAck(accepted=True, job_id=job_id).SerializeToString())
 
     await placer.nc.subscribe(subjects.JOBS_SUBMIT_ANY, queue="placer", cb=admit)
     await placer.nc.flush()
+    return placer, seen
+
+
+@pytest.mark.asyncio
+async def test_a_submitter_cannot_submit_on_another_users_subject(secure_nats,
+                                                                  secure_bus) -> None:
+    """Each submitter's only submit subject is its own, so nobody can spend another's
+    rate limit: the server refuses the forged one, and the placer never sees it."""
+    placer, seen = await _accepting_placer(secure_nats, "j")
     alice, client = await _as(secure_nats, "alice"), await _as(secure_nats, CLIENT)
     for session, other in ((alice, "bob"), (alice, CLIENT), (client, "alice")):
         forged = subjects.job_submit_subject(other)
@@ -325,16 +332,7 @@ async def test_koi_submit_and_events_follow_work_as_the_client_user(secure_nats,
                                                                     ) -> None:
     for name, value in secure_nats.security.env_for(CLIENT).items():
         monkeypatch.setenv(name, value)
-    placer = await _as(secure_nats, "placer")
-
-    seen: list[str] = []
-
-    async def admit(msg) -> None:
-        seen.append(msg.subject)
-        await msg.respond(jobs_pb2.JobAck(accepted=True, job_id="chat").SerializeToString())
-
-    await placer.nc.subscribe(subjects.JOBS_SUBMIT_ANY, queue="placer", cb=admit)
-    await placer.nc.flush()
+    placer, seen = await _accepting_placer(secure_nats, "chat")
     from rich.console import Console
 
     code = await cli._submit(cli.Path("examples/jobs/chat-online.yaml"), secure_nats.url, 5.0,
