@@ -14,22 +14,26 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from koi.bench.learning import peak_rss_mib, plot, replay, stage_times, summary, write_csv
+from koi.bench.learning import (
+    LearningRun,
+    peak_rss_mib,
+    plot,
+    replay,
+    stage_times,
+    summary,
+    write_csv,
+)
+from koi.scenario import Scenario, load_scenario
 
 
 def _replay(console: Console, scenario: str, policy: str, seed: int,
-            until_tick: int | None = None, loaded: list | None = None):
-    """The replay of ``scenario``; with ``loaded`` (a list) the loaded scenario is
-    appended to it."""
-    from koi.scenario import load_scenario
-
+            until_tick: int | None = None) -> tuple[Scenario, LearningRun]:
+    """``scenario`` loaded, and ``policy``'s replay of it."""
     try:
         with console.status(f"replaying {scenario} with {policy}…") as status:
             scn = load_scenario(scenario)
-            if loaded is not None:
-                loaded.append(scn)
-            return replay(scn, policy, seed, until_tick=until_tick,
-                          on_tick=lambda d, n: status.update(f"tick {d}/{n}"))
+            return scn, replay(scn, policy, seed, until_tick=until_tick,
+                               on_tick=lambda d, n: status.update(f"tick {d}/{n}"))
     except (ValueError, KeyError, FileNotFoundError) as e:
         typer.echo(f"koi: {e.args[0] if e.args else e}", err=True)
         raise typer.Exit(2) from None
@@ -37,7 +41,7 @@ def _replay(console: Console, scenario: str, policy: str, seed: int,
 
 def explain_command(console: Console, scenario: str, job: str, tick: int, seed: int,
                     policy: str) -> None:
-    run = _replay(console, scenario, policy, seed, until_tick=tick)
+    _, run = _replay(console, scenario, policy, seed, until_tick=tick)
     report = next((r for r in run.reports if r.tick == tick), None)
     if report is None:
         typer.echo(f"koi explain: the run has no tick {tick} (last: {run.reports[-1].tick})",
@@ -71,7 +75,7 @@ def explain_command(console: Console, scenario: str, job: str, tick: int, seed: 
 
 def learning_command(console: Console, scenario: str, policy: str, seed: int,
                      out: Path) -> None:
-    run = _replay(console, scenario, policy, seed)
+    _, run = _replay(console, scenario, policy, seed)
     base = out / f"{run.scenario}-{policy}-s{seed}-learning"
     write_csv(run, base.with_suffix(".csv"))
     plot(run, base.with_suffix(".png"))
@@ -92,8 +96,7 @@ def learning_command(console: Console, scenario: str, policy: str, seed: int,
 
 def tick_command(console: Console, scenario: str, policy: str, seed: int, ticks: int,
                  out: Path | None = None) -> None:
-    loaded: list = []
-    run = _replay(console, scenario, policy, seed, until_tick=ticks - 1, loaded=loaded)
+    scn, run = _replay(console, scenario, policy, seed, until_tick=ticks - 1)
     t = Table(title=f"Planning tick on {run.scenario} ({policy}, seed {seed}, "
                     f"first {len(run.reports)} ticks)")
     for col in ("stage", "median s", "p90 s"):
@@ -106,7 +109,6 @@ def tick_command(console: Console, scenario: str, policy: str, seed: int, ticks:
         from koi.bench import scale
         from koi.bench.suite import git_commit, machine
 
-        scn = loaded[0]
         record = scale.tick_record(run, gpus=scn.total_gpus, jobs=len(scn.jobs),
                                    peak_rss_mib=peak_rss_mib(), commit=git_commit(),
                                    machine=machine())

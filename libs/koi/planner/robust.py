@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple
@@ -41,7 +41,7 @@ from koi.causal.store import BeliefStore
 from koi.dro import DroCalibrator
 from koi.predictor.api import evaluate_matrix, wrap_outputs
 from koi.predictor.calibration import Calibration
-from koi.predictor.columns import IN, OUT
+from koi.predictor.columns import OUT
 from koi.predictor.features import build_inputs
 from koi.predictor.passes import scale_passes
 from koi.predictor.types import LoadMode, Prediction, Workload
@@ -197,10 +197,15 @@ class RobustRows:
 
     Y: np.ndarray
     robustness: tuple[Robustness, ...]
+    # ``_columns(robustness)`` when the caller has it already
+    known_columns: dict[str, np.ndarray] | None = field(default=None, compare=False,
+                                                        repr=False)
 
     @cached_property
     def columns(self) -> dict[str, np.ndarray]:
-        return _columns(self.robustness)
+        """The robustness fields as arrays (``_columns``)."""
+        return self.known_columns if self.known_columns is not None else \
+            _columns(self.robustness)
 
     @cached_property
     def ttft_factors(self) -> np.ndarray:
@@ -245,20 +250,20 @@ def robust_rows(pairs: Sequence[tuple[DeploymentConfig, Workload]],
     corrections after the kernel (None: it keeps its own)."""
     saturated = np.fromiter((wl.mode == LoadMode.SATURATED for _, wl in pairs), dtype=bool,
                             count=len(pairs))
-    X = build_inputs(pairs, catalog, calibration)
     cols = _columns(robust)
     # the SLOs a prediction must meet for its robust value to meet the job's:
     # S / (m · e^r), 0 for none
+    tight = []
     for row, mult, radius in (("slo_ttft", "ttft_mult", "radius_ttft"),
                               ("slo_tpot", "tpot_mult", "radius_tpot")):
         slo_ms = np.fromiter((getattr(wl, f"{row}_ms") for _, wl in pairs), dtype=float,
                              count=len(pairs))
         factor = cols[mult] * _exp(cols[radius])
-        tight = np.divide(slo_ms, factor, out=np.zeros_like(slo_ms), where=slo_ms > 0)
-        X[IN[row]] = tight * 1e-3
+        tight.append(np.divide(slo_ms, factor, out=np.zeros_like(slo_ms), where=slo_ms > 0))
+    X = build_inputs(pairs, catalog, calibration, slo_ms=(tight[0], tight[1]))
     pass_mult = np.where(saturated, 1.0, cols["pass_mult"])
     Y = run(scale_passes(X, pass_mult) if np.any(pass_mult != 1.0) else X)
-    rows = RobustRows(Y, tuple(robust))
+    rows = RobustRows(Y, tuple(robust), cols)
     if regime is None or not saturated.any():
         return rows
     # saturated: no SLO to tighten, so the regime's correction can come after the kernel

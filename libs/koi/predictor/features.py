@@ -178,12 +178,14 @@ _OWNERS: dict[int, object] = {}
 def build_inputs(pairs: Sequence[tuple[DeploymentConfig, Workload]],
                  catalog: Catalog | None = None,
                  calibration: Calibration | None = None,
-                 kernels: bool | None = None) -> np.ndarray:
+                 kernels: bool | None = None,
+                 slo_ms: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """The (N_IN, n) input matrix for these candidates.
 
     ``kernels``: time passes from the measured kernel tables where they cover the shard
     (``tables.py``); None takes the pass model ``calibration`` was fitted for
-    (``Calibration.kernels``), else ``tables.DEFAULT``.
+    (``Calibration.kernels``), else ``tables.DEFAULT``. ``slo_ms``: (TTFT, TPOT) SLOs per
+    pair, ms, in place of the workloads' own (the evaluator's tightened ones).
 
     Everything but the workload rows depends only on (config, catalog, calibration), so
     those columns are cached: the planner re-evaluates the same configurations under new
@@ -219,5 +221,8 @@ def build_inputs(pairs: Sequence[tuple[DeploymentConfig, Workload]],
         [(wl.input_len, wl.output_len, wl.prefix_hit, MODE_CODE[wl.mode],
           wl.load if wl.mode != LoadMode.SATURATED else 0.0, wl.window_s, wl.slo_ttft_ms,
           wl.slo_tpot_ms) for _, wl in pairs], dtype=float).reshape(-1, 8).T
-    X[WORKLOAD_ROWS[6:]] *= 1e-3  # the SLOs in seconds
+    if slo_ms is not None:
+        X[IN["slo_ttft"]], X[IN["slo_tpot"]] = slo_ms
+    X[IN["slo_ttft"]] *= 1e-3  # the SLOs in seconds
+    X[IN["slo_tpot"]] *= 1e-3
     return X
