@@ -31,7 +31,11 @@ def bench_bus(
     runs: Annotated[int, Opt(help="Runs of each (medians are reported).")] = 3,
     evaluators: Annotated[str, Opt(help="Evaluator replica counts to compare for the "
                                         "evaluate stage; '' skips it.")] = "",
-    eval_scenario: Annotated[str, Opt(help="Scenario of the scale-out comparison.")
+    proposers: Annotated[str, Opt(help="Proposer replica counts to compare for the "
+                                       "propose stage, with the model of 1-8 machines; "
+                                       "'' skips it.")] = "",
+    eval_scenario: Annotated[str, Opt(help="Scenario of the scale-out comparisons "
+                                           "(--evaluators, --proposers).")
                              ] = "hetero-12h",
     eval_horizon_s: Annotated[float | None, Opt(help="Its horizon cut.")] = 7200.0,
     replicas: Annotated[str, Opt(help="Replicas in the overhead runs, e.g. "
@@ -41,11 +45,17 @@ def bench_bus(
                                         "/metrics pages scraped, and compare.")] = False,
 ) -> None:
     """The bus's overhead against the in-process run (medians of --runs), the evaluate
-    stage with 1 vs more evaluator replicas, and (--telemetry) telemetry over the bus
-    against telemetry read from engine pages over HTTP."""
+    and propose stages with 1 vs more evaluator or proposer replicas, and (--telemetry)
+    telemetry over the bus against telemetry read from engine pages over HTTP."""
     import statistics
 
-    from services.bench import overhead, parse_replicas, scale_out, telemetry_paths
+    from services.bench import (
+        overhead,
+        parse_replicas,
+        scale_out,
+        scale_out_lines,
+        telemetry_paths,
+    )
 
     if telemetry:
         t = telemetry_paths(scenario, seed, horizon_s, progress=console.print)
@@ -64,14 +74,13 @@ def bench_bus(
                       f"{list(map(_s, r.bus_s))}; ratio {r.ratio:.2f}×; metrics "
                       f"{'identical' if r.same_metrics else 'DIFFER'}; replicas "
                       f"{dict(r.replicas) or 'one of each'}")
-    counts = tuple(int(x) for x in evaluators.split(",") if x.strip())
-    if counts:
-        s = scale_out(eval_scenario, seed, eval_horizon_s, counts, progress=console.print)
-        for n, per in s.evaluate_s.items():
-            console.print(f"{s.scenario} ({s.horizon_s:.0f} s): {n} evaluator(s): evaluate "
-                          f"stage median {statistics.median(per) * 1e3:.0f} ms, mean "
-                          f"{statistics.fmean(per) * 1e3:.0f} ms over {len(per)} ticks; "
-                          f"run {s.wall_s[n]:.0f} s")
+    for service, text in (("evaluator", evaluators), ("proposer", proposers)):
+        counts = tuple(int(x) for x in text.split(",") if x.strip())
+        if counts:
+            s = scale_out(eval_scenario, seed, eval_horizon_s, counts,
+                          progress=console.print, service=service)
+            for line in scale_out_lines(s):
+                console.print(line, soft_wrap=True)
 
 
 def _s(x: float) -> str:

@@ -13,10 +13,16 @@ With a language-model endpoint configured (docs/RLM.md), the replica holding the
 published rounds: the coordinator puts the candidates of the hypotheses in force into
 the tick's work items (``ProposeWork.extra``), which each worker adds after its jobs'
 own (``koi.rlm.adopt.widen``). Without one nothing here changes.
+
+Each tick logs one ``proposed`` line at its coordinator (``propose_s``: the tick's
+message to the joined candidates, ``before_s`` of it before the items were sent) and one
+``propose_item`` line per item where it ran (``item_s``); ``koi bench bus --proposers``
+reads both (``koi.bench.fanout``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 from koi import subjects
@@ -47,6 +53,7 @@ async def run(ctx: ServiceContext) -> None:
         if rlm else None
 
     async def work(data: bytes) -> bytes:
+        t0 = time.perf_counter()
         item = work_pb2.ProposeWork.FromString(data)
         snapshot = await reader.snapshot(item.tick)
         version, mechanisms = await reader.mechanisms(item.tick)
@@ -61,10 +68,14 @@ async def run(ctx: ServiceContext) -> None:
                 p = planning.proposal_from_proto(c, f"extra[{i}].", catalog=ctx.catalog)
                 extra.setdefault(p.job_id, []).append(p)
             proposals = widen(proposals, extra)
-        return planning.encode_candidates(item.tick, version, proposals)
+        out = planning.encode_candidates(item.tick, version, proposals)
+        ctx.log.info("propose_item", tick=item.tick, jobs=len(jobs),
+                     item_s=round(time.perf_counter() - t0, 5))
+        return out
 
     async def handle(subject: str, data: bytes, headers: Mapping[str, str] | None) -> None:
         tick = subjects.tick_of(subject)
+        ts = time.perf_counter()
         if await ctx.bus.has(subjects.tick_subject(tick, "candidates")):
             return  # already done (a redelivery)
         try:
@@ -80,15 +91,19 @@ async def run(ctx: ServiceContext) -> None:
                      extra=[planning.proposal_to_proto(p) for j in ids[a:b]
                             for p in extra.get(j, ())]).SerializeToString()
                  for a, b in chunks(len(ids), JOBS_PER_ITEM)]
+        t0 = time.perf_counter()
         answers = await share(ctx.bus, subjects.WORK_PROPOSE, items, work,
                               ctx.settings.stage_deadline_s / 2)
         # each answer is a whole CandidateBatch for the same tick and version; protobuf
         # appends repeated fields of concatenated messages, so the bytes join in order
         batch = b"".join(answers) if answers else planning.encode_candidates(tick, version, [])
+        t1 = time.perf_counter()
         await ctx.bus.publish(subjects.tick_subject(tick, "candidates"), batch,
                               msg_id=f"candidates-{tick}")
         ctx.log.info("proposed", tick=tick, jobs=len(ids), items=len(items),
-                     bytes=len(batch), hypothesis_candidates=sum(map(len, extra.values())))
+                     bytes=len(batch), hypothesis_candidates=sum(map(len, extra.values())),
+                     propose_s=round(t1 - ts, 5), before_s=round(t0 - ts, 5),
+                     after_s=round(time.perf_counter() - t1, 5))
 
     sub = await serve_work(ctx.bus, subjects.WORK_PROPOSE, subjects.QUEUE_PROPOSER, work)
     handle_ = await ctx.bus.consume(subjects.STREAM_TICKS, "proposer",

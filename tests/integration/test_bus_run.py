@@ -1,7 +1,8 @@
 """Whole runs through the bus: every service as its own process, real NATS and Redis.
 
 * parity: the bus run and the in-process planner make the same decisions every tick
-  and end with the same metrics (also with two proposer/evaluator/placer replicas);
+  and end with the same metrics (also with two proposer/evaluator/placer replicas, the
+  proposers' work items run on both, as ``koi bench bus --proposers`` reads the logs);
 * a job submitted over the bus is acked, planned and counted;
 * malformed messages go to the dead-letter subject with an event, the service lives on
   (these two read one shared run, fed both inputs);
@@ -28,6 +29,7 @@ from koi.jobs import load_jobs_yaml
 from koi.v1 import events_pb2, jobs_pb2, plan_service_pb2, plan_service_pb2_grpc
 from koi.wire import planning
 from koi.wire.codec import encode_job
+from services.bench import logged, propose_ticks
 from services.runtime.busrun import BusRun
 from services.runtime.launcher import ALL
 from services.runtime.security import connect_nats
@@ -111,6 +113,10 @@ def test_bus_run_matches_in_process(nats_for_run, redis_url, tmp_path, replicas)
     for name, value in run.summary.metrics.items():
         if name != "wall_s":
             assert value == pytest.approx(getattr(local_metrics, name), rel=1e-12, abs=1e-12), name
+    # every tick was proposed once, and every proposer replica ran some of its items
+    assert [t.tick for t in propose_ticks(run.log_dir)] == sorted(local_decisions)
+    ran = {int(r) for r, in logged(run.log_dir, "proposer", "propose_item", ("replica",))}
+    assert ran == set(range(replicas.get("proposer", 1)))
 
 
 def _grpc_addr(url: str) -> str:
