@@ -179,24 +179,12 @@ async def run(ctx: ServiceContext) -> None:
                      after_s=round(t3 - t2, 4), solver=str(plan.solver),
                      status=plan.status)
 
-    async def prefetch(msg) -> None:
-        """Decode the tick's snapshot and causal state as they are published, while the
-        proposer works (on another core), so the candidates find them ready; and the
-        candidates themselves, so a replica that is not the tick's coordinator has them
-        ready when its first work item comes."""
-        try:
-            tick = subjects.tick_of(msg.subject)
-            stage = msg.subject.rsplit(".", 1)[1]
-            decode = {"snapshot": planning.decode_snapshot,
-                      "causal": planning.decode_causal_state,
-                      "candidates": planning.decode_candidates}[stage]
-            reader.put(tick, stage, decode(await ctx.bus.resolve(msg)))  # may be a blob
-        except Exception as exc:  # the handler reads it itself (and dead-letters it)
-            ctx.log.debug("prefetch_skipped", subject=msg.subject, error=repr(exc))
-
     sub = await serve_work(ctx.bus, subjects.WORK_EVALUATE, subjects.QUEUE_EVALUATOR, work)
-    prefetches = [await ctx.bus.nc.subscribe(subjects.tick_filter(stage), cb=prefetch)
-                  for stage in ("snapshot", "causal", "candidates")]
+    # the tick's snapshot and causal state decoded as they are published, while the
+    # proposer works (on another core), so the candidates find them ready; and the
+    # candidates themselves, so a replica that is not the tick's coordinator has them
+    # ready when its first work item comes
+    prefetches = await reader.prefetch(("snapshot", "causal", "candidates"), ctx.log)
     handle_ = await ctx.bus.consume(subjects.STREAM_TICKS, "evaluator",
                                     subjects.tick_filter("candidates"), handle, service=NAME)
     await ctx.stopping.wait()

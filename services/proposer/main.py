@@ -106,11 +106,18 @@ async def run(ctx: ServiceContext) -> None:
                      after_s=round(time.perf_counter() - t1, 5))
 
     sub = await serve_work(ctx.bus, subjects.WORK_PROPOSE, subjects.QUEUE_PROPOSER, work)
+    # what a work item reads, decoded as it is published: the coordinator and every
+    # other replica then have it when the tick's first item comes (hetero-12h, one
+    # proposer: the stage's part before its items 11 → 1 ms, the stage 50 → 37 ms)
+    prefetches = await reader.prefetch(("snapshot", "causal-mechanisms", "observations"),
+                                       ctx.log)
     handle_ = await ctx.bus.consume(subjects.STREAM_TICKS, "proposer",
                                     subjects.tick_filter("causal"), handle, service=NAME)
     await ctx.stopping.wait()
     await handle_.stop()
     await sub.unsubscribe()
+    for p in prefetches:
+        await p.unsubscribe()
     for part in (rounds, feed):
         if part is not None:
             await part.stop()

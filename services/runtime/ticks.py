@@ -3,16 +3,19 @@
 Each stage publishes its output on ``koi.tick.<n>.<stage>``; a later stage (or a worker
 replica) reads the ones it needs with ``await ticks.snapshot(n)`` and so on, waiting up
 to the stage deadline for one not yet published. The small LRU keeps the last few
-ticks, so a tick's shards decode the snapshot and candidates once. ``subject_tick`` and
-``clock_tick`` say which tick a subject names and which tick the stream is at.
+ticks, so a tick's shards decode the snapshot and candidates once. ``prefetch`` decodes
+artefacts as they are published, so that a replica's first work item of a tick finds
+them ready instead of reading the stream. ``subject_tick`` and ``clock_tick`` say which
+tick a subject names and which tick the stream is at.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import structlog
 from nats.js.errors import NotFoundError
 
 from koi import subjects
@@ -41,6 +44,23 @@ async def clock_tick(bus: Bus) -> int | None:
     return subject_tick(last.subject or "")
 
 
+def _mechanisms_view(data: bytes):
+    """(belief version, active mechanisms) off a causal message's readable list (no
+    belief store to decode)."""
+    msg = codec.decode(data, causal_pb2.CausalState)
+    return msg.version, planning.mechanisms_from_proto(msg)
+
+
+# what a reader decodes: name → (the stage whose message it is read from, the decoder)
+VIEWS: dict[str, tuple[str, Callable[[bytes], Any]]] = {
+    "snapshot": ("snapshot", planning.decode_snapshot),
+    "observations": ("observations", planning.decode_observations),
+    "causal": ("causal", planning.decode_causal_state),
+    "causal-mechanisms": ("causal", _mechanisms_view),
+    "candidates": ("candidates", planning.decode_candidates),
+}
+
+
 class StageMissing(TimeoutError):
     """A tick's artefact did not appear within the deadline."""
 
@@ -60,13 +80,13 @@ class TickReader:
             raise StageMissing(f"no {stage} for tick {tick} within {self.deadline_s:g} s")
         return data
 
-    async def _decoded(self, tick: int, name: str, decode: Callable[[bytes], Any],
-                       wait: bool = True, stage: str | None = None) -> Any:
+    async def _decoded(self, tick: int, name: str, wait: bool = True) -> Any:
         key = (tick, name)
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        data = await self.raw(tick, stage or name, wait=wait)
+        stage, decode = VIEWS[name]
+        data = await self.raw(tick, stage, wait=wait)
         if data is None:
             return None
         value = decode(data)
@@ -86,24 +106,42 @@ class TickReader:
             self._cache.popitem(last=False)
 
     async def snapshot(self, tick: int, *, wait: bool = True):
-        return await self._decoded(tick, "snapshot", planning.decode_snapshot, wait)
+        return await self._decoded(tick, "snapshot", wait)
 
     async def observations(self, tick: int):
         """(tick, observations) telemetry-ingest published for tick ``tick``."""
-        return await self._decoded(tick, "observations", planning.decode_observations)
+        return await self._decoded(tick, "observations")
 
     async def causal(self, tick: int):
         """(beliefs, calibrator, tick) after learning tick ``tick``."""
-        return await self._decoded(tick, "causal", planning.decode_causal_state)
+        return await self._decoded(tick, "causal")
 
     async def mechanisms(self, tick: int):
         """(belief version, active mechanisms) after learning tick ``tick``, read off the
         message's readable list (no belief store to decode)."""
-        def view(data: bytes):
-            msg = codec.decode(data, causal_pb2.CausalState)
-            return msg.version, planning.mechanisms_from_proto(msg)
-        return await self._decoded(tick, "causal-mechanisms", view, stage="causal")
+        return await self._decoded(tick, "causal-mechanisms")
 
     async def candidates(self, tick: int):
         """(tick, causal version, proposals)."""
-        return await self._decoded(tick, "candidates", planning.decode_candidates)
+        return await self._decoded(tick, "candidates")
+
+    async def prefetch(self, names: Iterable[str], log: Any = None) -> list:
+        """Decode each of ``names`` (``VIEWS``) as its tick's message is published, and
+        hold it; the subscriptions, for the caller to unsubscribe. A message that does
+        not decode is left for the reader (which dead-letters it) and logged at debug."""
+        by_stage: dict[str, list[str]] = {}
+        for name in names:
+            by_stage.setdefault(VIEWS[name][0], []).append(name)
+        log = log or structlog.get_logger()
+
+        async def decode(msg) -> None:
+            try:
+                tick = subjects.tick_of(msg.subject)
+                data = await self.bus.resolve(msg)  # may be a blob
+                for name in by_stage[msg.subject.rsplit(".", 1)[1]]:
+                    self.put(tick, name, VIEWS[name][1](data))
+            except Exception as exc:
+                log.debug("prefetch_skipped", subject=msg.subject, error=repr(exc))
+
+        return [await self.bus.nc.subscribe(subjects.tick_filter(stage), cb=decode)
+                for stage in by_stage]
