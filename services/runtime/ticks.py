@@ -15,7 +15,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import structlog
 from nats.js.errors import NotFoundError
 
 from koi import subjects
@@ -99,9 +98,9 @@ class TickReader:
         """What ``put`` holds for (tick, name), or None."""
         return self._cache.get((tick, name))
 
-    def put(self, tick: int, stage: str, value: Any) -> None:
+    def put(self, tick: int, name: str, value: Any) -> None:
         """Hold an artefact this process decoded itself (its own work items hit it)."""
-        self._cache[(tick, stage)] = value
+        self._cache[(tick, name)] = value
         while len(self._cache) > self.keep:
             self._cache.popitem(last=False)
 
@@ -125,14 +124,13 @@ class TickReader:
         """(tick, causal version, proposals)."""
         return await self._decoded(tick, "candidates")
 
-    async def prefetch(self, names: Iterable[str], log: Any = None) -> list:
+    async def prefetch(self, names: Iterable[str], log: Any) -> list:
         """Decode each of ``names`` (``VIEWS``) as its tick's message is published, and
         hold it; the subscriptions, for the caller to unsubscribe. A message that does
         not decode is left for the reader (which dead-letters it) and logged at debug."""
         by_stage: dict[str, list[str]] = {}
         for name in names:
             by_stage.setdefault(VIEWS[name][0], []).append(name)
-        log = log or structlog.get_logger()
 
         async def decode(msg) -> None:
             try:
