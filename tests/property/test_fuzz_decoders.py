@@ -18,14 +18,21 @@ decoder:
 * every error message (and ``event_line``) is one line of at most ``MAX_MESSAGE``
   characters, so it cannot echo a large input into a log line, a DLQ header or an ack;
 * nothing hangs: ``deadline=None`` (a shared CI machine is slow), but the examples are
-  few enough that the whole module runs in well under a minute.
+  few enough that the per-target tests run in well under a minute.
+
+Then a longer hunt (``test_a_longer_hunt_within_a_time_budget``): every target again,
+round after round of fresh examples, for ``KOI_FUZZ_HUNT_S`` seconds (60 by default, so
+CI hunts deeper and still in bounded time; ``make fuzz`` hunts for 30 minutes).
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import os
+import random
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -73,9 +80,10 @@ pytestmark = pytest.mark.timeout(120)
 CATALOG = load_catalog()
 MAX_MESSAGE = 1000
 DECODE_ERRORS = (InvalidSpecError, InvalidConfigError)
-# per decoder and input kind: the module runs in under a minute on a busy 2-core VM;
-# KOI_FUZZ_EXAMPLES=1000 for a longer hunt
+# per decoder and input kind: the per-target tests run in under a minute on a busy 2-core
+# VM; the hunt then repeats them for HUNT_S seconds (KOI_FUZZ_HUNT_S=0: one round only)
 EXAMPLES = int(os.environ.get("KOI_FUZZ_EXAMPLES", "25"))
+HUNT_S = float(os.environ.get("KOI_FUZZ_HUNT_S", "60"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.filter_too_much])
@@ -439,3 +447,47 @@ def test_watch_plans_refuses_a_bad_tick() -> None:
     with pytest.raises(Aborted) as info:
         next(iter(SERVICER.WatchPlans(request, FakeContext())))
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# --- the longer hunt ------------------------------------------------------------------------
+
+def _targets(yaml_file: Path) -> list[tuple[str, Callable[[], None]]]:
+    """Every fuzz test above as (name, run once with fresh examples)."""
+    targets: list[tuple[str, Callable[[], None]]] = []
+    for name in sorted(DECODERS):
+        targets.append((f"random bytes: {name}", lambda n=name: test_random_bytes(name=n)))
+        targets.append((f"structured: {name}", lambda n=name: test_structured_messages(name=n)))
+        if DECODERS[name][2]:
+            targets.append((f"mutated: {name}",
+                            lambda n=name: test_mutated_valid_messages(name=n)))
+    targets.append(("observations learnt", test_observations_that_decode_can_be_learnt))
+    targets.append(("job yaml", lambda: test_job_yaml_loader(yaml_file=yaml_file)))
+    targets.append(("scenario yaml", lambda: test_scenario_loader(yaml_file=yaml_file)))
+    targets.extend((f"grpc: {rpc}", lambda r=rpc: test_grpc_requests(rpc=r)) for rpc in sorted(RPCS))
+    return targets
+
+
+@pytest.mark.timeout(HUNT_S + 300)
+def test_a_longer_hunt_within_a_time_budget(yaml_file: Path) -> None:
+    """Every target again, ``EXAMPLES`` fresh examples a run (Hypothesis draws a new seed
+    each run), in a shuffled order, round after round until ``HUNT_S`` seconds are spent.
+
+    A run is started only while time is left and the first round always completes, so the
+    hunt is bounded by ``HUNT_S`` plus one run of the slowest target (seconds), and is at
+    least as deep as the per-target tests. A failure names its target and shows the
+    falsifying example, shrunk, as any Hypothesis failure does."""
+    targets = _targets(yaml_file)
+    random.Random().shuffle(targets)
+    deadline = time.monotonic() + HUNT_S
+    runs = 0
+    for name, run in itertools.cycle(targets):
+        if runs >= len(targets) and time.monotonic() >= deadline:
+            break
+        try:
+            run()
+        except BaseException as e:
+            e.add_note(f"fuzz hunt: target {name!r}, run {runs + 1}")
+            raise
+        runs += 1
+    print(f"fuzz hunt: {runs} runs of {EXAMPLES} examples over {len(targets)} targets "
+          f"({runs / len(targets):.1f} rounds)")

@@ -333,6 +333,21 @@ def test_missing_file() -> None:
         load_scenario("/nonexistent/x.yaml")
 
 
+def test_a_binary_scenario_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    # coverage-guided fuzzing found a non-UTF-8 byte raising UnicodeDecodeError
+    path = tmp_path / "s.yaml"
+    path.write_bytes(BASE.encode() + b"\x87")
+    with pytest.raises(InvalidSpecError, match=r"is not UTF-8 text \(byte \d+; a binary"):
+        load_scenario(path)
+
+
+def test_a_scenario_file_over_a_mebibyte_is_refused_unparsed(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE + "#" * (1 << 20), encoding="utf-8")
+    with pytest.raises(InvalidSpecError, match="the most a scenario file may hold"):
+        load_scenario(path)
+
+
 def test_parse_scenario_dict_errors_name_the_field() -> None:
     data = yaml.safe_load(BASE)
     data["fleet"][0]["gpus"] = 12

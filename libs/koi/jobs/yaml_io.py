@@ -55,7 +55,7 @@ def _one_line(e: object) -> str:
 def _read(path: str | Path, catalog: Any) -> tuple[Ctx, Any]:
     p = Path(path)
     source = str(p)
-    text = _read_text(p, source)
+    text = read_yaml_text(p, source)
     try:
         node, data = _compose(text, source)
     except yaml.MarkedYAMLError as e:
@@ -81,18 +81,19 @@ def _read(path: str | Path, catalog: Any) -> tuple[Ctx, Any]:
     return Ctx(source, p.parent, lines, catalog=catalog), data
 
 
-def _read_text(p: Path, source: str) -> str:
-    """The file's text: at most ``MAX_YAML_BYTES``, UTF-8 (refused at once otherwise)."""
+def read_yaml_text(p: Path, source: str, what: str = "job file") -> str:
+    """The file's text: at most ``MAX_YAML_BYTES``, UTF-8 (refused at once otherwise);
+    ``what`` names the file in the errors (the scenario loader reads through it too)."""
     try:
         with p.open("rb") as fh:
             raw = fh.read(MAX_YAML_BYTES + 1)
     except FileNotFoundError:
-        raise InvalidSpecError("file", f"job file not found: {p}", source=source) from None
+        raise InvalidSpecError("file", f"{what} not found: {p}", source=source) from None
     except OSError as e:
         raise InvalidSpecError("file", f"cannot read {p}: {e.strerror}", source=source) from None
     if len(raw) > MAX_YAML_BYTES:
-        raise InvalidSpecError("file", f"is larger than {MAX_YAML_BYTES} bytes, the most a job"
-                                       " file may hold", source=source)
+        raise InvalidSpecError("file", f"is larger than {MAX_YAML_BYTES} bytes, the most a {what}"
+                                       " may hold", source=source)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -23,7 +23,7 @@ from koi.catalog import Catalog, load_catalog
 from koi.errors import InvalidSpecError, bounded
 from koi.jobs import JobSpec, job_to_dict
 from koi.jobs.parse import Ctx, boolean, check_keys, mapping, number, parse_job_in
-from koi.jobs.yaml_io import index_lines
+from koi.jobs.yaml_io import index_lines, read_yaml_text
 from koi.scenario._ctx import ScenarioCtx, duration, integer, relined, show, text
 from koi.scenario.durations import format_duration
 from koi.scenario.fleet import parse_capacity_events, parse_fleet
@@ -114,12 +114,9 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
 # --- reading ---------------------------------------------------------------------------
 
 def _read(p: Path, source: str) -> tuple[Any, dict[str, int]]:
-    try:
-        content = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InvalidSpecError("file", f"scenario file not found: {p}", source=source) from None
-    except OSError as e:
-        raise InvalidSpecError("file", f"cannot read {p}: {e.strerror}", source=source) from None
+    # a binary file or one over 1 MiB is refused before YAML sees it (fuzzing found a
+    # non-UTF-8 byte raising UnicodeDecodeError here)
+    content = read_yaml_text(p, source, what="scenario file")
     loader: yaml.SafeLoader | None = None
     try:
         # constructing the loader already reads the text: a control character fails here
