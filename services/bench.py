@@ -44,6 +44,8 @@ class OverheadResult:
     bus_s: tuple[float, ...]
     same_metrics: bool
     replicas: tuple[tuple[str, int], ...] = ()
+    # "service-replica" → the largest peak resident MiB over the bus runs
+    peak_rss_mib: dict[str, float] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
@@ -126,6 +128,7 @@ def overhead(scenario: str, seed: int, horizon_s: float | None, runs: int,
     if horizon_s is not None:
         scn = dataclasses.replace(scn, horizon_s=min(scn.horizon_s, horizon_s))
     local, bus, same = [], [], True
+    peak: dict[str, float] = {}
     for i in range(runs):
         t = time.perf_counter()
         res = run_once(scn, "koi", seed)
@@ -133,11 +136,13 @@ def overhead(scenario: str, seed: int, horizon_s: float | None, runs: int,
         progress(f"in-process run {i + 1}/{runs}: {local[-1]:.1f} s")
         b = bus_once(scenario, seed, scn.horizon_s, replicas)
         bus.append(b.wall_s)
+        for name, mib in b.peak_rss_mib.items():
+            peak[name] = max(mib, peak.get(name, 0.0))
         progress(f"bus run {i + 1}/{runs}: {bus[-1]:.1f} s")
         same &= all(abs(v - getattr(res.metrics, k)) <= 1e-9 * max(1.0, abs(v))
                     for k, v in b.summary.metrics.items())
     return OverheadResult(scenario, seed, scn.horizon_s, tuple(local), tuple(bus), same,
-                          tuple(sorted((replicas or {}).items())))
+                          tuple(sorted((replicas or {}).items())), peak)
 
 
 def parse_replicas(text: str) -> dict[str, int]:

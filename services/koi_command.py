@@ -74,6 +74,10 @@ def bench_bus(
                       f"{list(map(_s, r.bus_s))}; ratio {r.ratio:.2f}×; metrics "
                       f"{'identical' if r.same_metrics else 'DIFFER'}; replicas "
                       f"{dict(r.replicas) or 'one of each'}")
+        if r.peak_rss_mib:
+            console.print("peak resident memory per service (MiB): " + ", ".join(
+                f"{name} {mib:.0f}" for name, mib in sorted(r.peak_rss_mib.items())),
+                soft_wrap=True)
     for service, text in (("evaluator", evaluators), ("proposer", proposers)):
         counts = tuple(int(x) for x in text.split(",") if x.strip())
         if counts:

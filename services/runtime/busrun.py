@@ -36,6 +36,8 @@ class BusRunResult:
     decisions: dict[int, PlanDecision]
     restarts: dict[str, int]
     log_dir: Path
+    # "service-replica" → peak resident MiB when the run's summary arrived
+    peak_rss_mib: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,9 +88,10 @@ class BusRun:
             sup.watch(0.2)
             summary = asyncio.run(self._wait(sup, on_tick))
             wall = time.perf_counter() - t0
+            peak = sup.peak_rss_mib()
             decisions = asyncio.run(self._decisions(summary.ticks))
             restarts = {f"{c.service}-{c.replica}": c.restarts for c in sup.children}
-        return BusRunResult(summary, wall, decisions, restarts, self.log_dir)
+        return BusRunResult(summary, wall, decisions, restarts, self.log_dir, peak)
 
     async def _wait(self, sup: Supervisor, on_tick: TickHook | None) -> work_pb2.RunSummary:
         nc = await connect_nats(self.nats_url, self._auth(), connect_timeout=10)

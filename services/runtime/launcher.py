@@ -61,6 +61,18 @@ def services_for(env: dict[str, str]) -> tuple[str, ...]:
     return (*ALL[:-1], ENGINE_METRICS, ALL[-1]) if engines else ALL
 
 
+def peak_rss_mib(pid: int) -> float | None:
+    """A process's peak resident set (VmHWM) in MiB, or None if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 @dataclass
 class Child:
     service: str
@@ -94,6 +106,16 @@ class Supervisor:
                                     stdin=subprocess.DEVNULL, preexec_fn=_DIE_WITH_PARENT)
         finally:
             out.close()
+
+    def peak_rss_mib(self) -> dict[str, float]:
+        """Each running child's peak resident memory so far ("service-replica" → MiB,
+        the kernel's VmHWM); empty where /proc has no such line (not Linux)."""
+        out = {}
+        for c in self.children:
+            peak = peak_rss_mib(c.proc.pid)
+            if peak is not None and c.proc.poll() is None:
+                out[f"{c.service}-{c.replica}"] = peak
+        return out
 
     def start(self, services: tuple[str, ...] = ALL) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)

@@ -117,6 +117,9 @@ def test_bus_run_matches_in_process(nats_for_run, redis_url, tmp_path, replicas)
     assert [t.tick for t in propose_ticks(run.log_dir)] == sorted(local_decisions)
     ran = {int(r) for r, in logged(run.log_dir, "proposer", "propose_item", ("replica",))}
     assert ran == set(range(replicas.get("proposer", 1)))
+    # every service process's peak memory was read (koi bench bus prints it)
+    assert set(run.peak_rss_mib) == set(run.restarts)
+    assert all(20 < mib < 4096 for mib in run.peak_rss_mib.values()), run.peak_rss_mib
 
 
 def _grpc_addr(url: str) -> str:
