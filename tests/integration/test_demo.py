@@ -7,10 +7,12 @@ OpenAI-compatible endpoint) it shows the hypothesis rounds, accepted and dropped
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -67,8 +69,9 @@ def test_demo_runs_everything_and_stops_it(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in ("KOI_NATS_URL", "KOI_REDIS_URL") and not k.startswith("KOI_RLM_")}
     keep = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "services.koi_command", "demo", "--horizon-s",
-                             "300", "--timeout-s", "300", "--keep", str(keep), "--no-rlm"], env=env,
+    # --fast, as `make demo DEMO_ARGS=--fast` runs it: the first hour of hetero-3h
+    proc = subprocess.Popen([sys.executable, "-m", "services.koi_command", "demo", "--fast",
+                             "--timeout-s", "300", "--keep", str(keep), "--no-rlm"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: set[str] = set()
     stop = threading.Event()
@@ -86,8 +89,16 @@ def test_demo_runs_everything_and_stops_it(tmp_path):
         sampler.join(timeout=5)
     assert proc.returncode == 0, out[-3000:]
     assert "embedded NATS with JetStream" in out and "embedded valkey" in out
-    assert "overall score" in out and "5 ticks" in out
+    assert "overall score" in out and "60 ticks" in out
     assert "hypothesis layer off (--no-rlm)" in out and "hypothesis rounds" not in out
+    # an operator can follow it (issue 44): no line shape (digits aside) more than three
+    # times, and no library warning or traceback on the console
+    shapes = Counter(re.sub(r"\d+", "#", line).strip() for line in out.splitlines())
+    shapes.pop("", None)
+    assert max(shapes.values()) <= 3, shapes.most_common(3)
+    stray = [line for line in out.splitlines()
+             if re.search(r"Traceback|Warning:|warnings\.warn|Exception", line)]
+    assert not stray, stray
     assert not _koi_processes() - before, "the demo left processes running"
 
     secrets = _secrets_of(keep / "secrets")
