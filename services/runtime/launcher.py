@@ -112,8 +112,8 @@ class Supervisor:
         the kernel's VmHWM); empty where /proc has no such line (not Linux)."""
         out = {}
         for c in self.children:
-            peak = peak_rss_mib(c.proc.pid)
-            if peak is not None and c.proc.poll() is None:
+            peak = peak_rss_mib(c.proc.pid) if c.proc.poll() is None else None
+            if peak is not None:
                 out[f"{c.service}-{c.replica}"] = peak
         return out
 

@@ -98,6 +98,14 @@ def check_message(text: str) -> None:
     assert len(text) <= MAX_MESSAGE, f"{len(text)}-character message: {text[:200]!r}…"
 
 
+def check_loader(load: Callable[[Path], Any], path: Path) -> None:
+    """``load(path)`` returns or raises ``InvalidSpecError`` with a bounded message."""
+    try:
+        load(path)
+    except InvalidSpecError as e:
+        check_message(str(e))
+
+
 def check_decoder(decode: Callable[[bytes], Any], data: bytes) -> None:
     """``decode(data)`` returns or raises a documented error with a bounded message."""
     try:
@@ -372,20 +380,14 @@ YAML_TEXT = st.one_of(st.text(max_size=200), st.sampled_from([
                       .map(_dump)))
 def test_job_yaml_loader(yaml_file: Path, text: str) -> None:
     yaml_file.write_text(text, encoding="utf-8")
-    try:
-        load_jobs_yaml(yaml_file, catalog=CATALOG)
-    except InvalidSpecError as e:
-        check_message(str(e))
+    check_loader(lambda p: load_jobs_yaml(p, catalog=CATALOG), yaml_file)
 
 
 @FUZZ
 @given(text=st.one_of(YAML_TEXT, mutated_document(SCENARIO_DOC).map(_dump)))
 def test_scenario_loader(yaml_file: Path, text: str) -> None:
     yaml_file.write_text(text, encoding="utf-8")
-    try:
-        load_scenario(yaml_file, catalog=CATALOG)
-    except InvalidSpecError as e:
-        check_message(str(e))
+    check_loader(lambda p: load_scenario(p, catalog=CATALOG), yaml_file)
 
 
 # --- gRPC requests -------------------------------------------------------------------------
@@ -472,9 +474,9 @@ def test_a_longer_hunt_within_a_time_budget(yaml_file: Path) -> None:
     """Every target again, ``EXAMPLES`` fresh examples a run (Hypothesis draws a new seed
     each run), in a shuffled order, round after round until ``HUNT_S`` seconds are spent.
 
-    A run is started only while time is left and the first round always completes, so the
-    hunt is bounded by ``HUNT_S`` plus one run of the slowest target (seconds), and is at
-    least as deep as the per-target tests. A failure names its target and shows the
+    A run is started only while time is left, after a first round that always completes,
+    so the hunt takes the longer of ``HUNT_S`` and one round, plus at most one run of the
+    slowest target (seconds), and is at least as deep as the per-target tests. A failure names its target and shows the
     falsifying example, shrunk, as any Hypothesis failure does."""
     targets = _targets(yaml_file)
     random.Random().shuffle(targets)
