@@ -7,7 +7,9 @@ subject. Printed per rate: what ``flood`` got (accepted, busy for its rate limit
 otherwise, unanswered, the busy answers' latency), what ``alice`` got (accepted,
 p50/p99), the rate-limit events, whether any busy job was stored, and the placer's CPU
 per submission; first, ``alice`` alone as the baseline. ``--no-limit`` runs the placer
-with ``KOI_SUBMIT_RATE_PER_S=0``, for comparison.
+with ``KOI_SUBMIT_RATE_PER_S=0``, for comparison; ``--placers 2`` runs two placer
+replicas, which share one budget per user (``koi.placer.spent``): ``flood`` should get
+about what one bucket allows (burst + rate × duration), not twice it.
 
     PYTHONPATH=libs:. .venv/bin/python scripts/bench_rate_limit.py --rates 500,2000
 """
@@ -90,12 +92,13 @@ async def measure(server, rate: float, duration_s: float, cpu, tag: str) -> str:
             f"{used / max(n, 1) * 1e6:.0f} us/submission")
 
 
-def run(rate: float, duration_s: float, tag: str, log_dir: Path, limit: bool = True) -> str:
+def run(rate: float, duration_s: float, tag: str, log_dir: Path, limit: bool = True,
+        placers: int = 1) -> str:
     with start_nats(secure=True, submitters=("flood", "alice")) as server:
         env = {"KOI_NATS_URL": server.url, "KOI_LOG_LEVEL": "warning",
                **({} if limit else {"KOI_SUBMIT_RATE_PER_S": "0"})}
         sup = Supervisor(env=env,
-                         log_dir=log_dir / tag, replicas={"placer": 1},
+                         log_dir=log_dir / tag, replicas={"placer": placers},
                          service_env=server.security.service_env(("placer",)))
 
         def cpu() -> float:
@@ -104,7 +107,7 @@ def run(rate: float, duration_s: float, tag: str, log_dir: Path, limit: bool = T
         async def go() -> str:
             nc = await connect_nats(server.url, server.security.auth(ADMIN))
             try:
-                ready = await _ready_watch(nc, 1)
+                ready = await _ready_watch(nc, placers)
                 sup.start(("placer",))
                 await asyncio.wait_for(ready.wait(), 60.0)
             finally:
@@ -122,10 +125,12 @@ def main() -> None:
     parser.add_argument("--rates", default="500,2000", help="flood rates, comma-separated")
     parser.add_argument("--duration-s", type=float, default=4.0)
     parser.add_argument("--no-limit", action="store_true", help="the placer unlimited")
+    parser.add_argument("--placers", type=int, default=1, help="placer replicas")
     args = parser.parse_args()
     log_dir = Path(tempfile.mkdtemp(prefix="koi-rate-limit-"))
     for i, rate in enumerate([0.0, *(float(r) for r in args.rates.split(","))]):
-        print(run(rate, args.duration_s, f"r{i}", log_dir, not args.no_limit), flush=True)
+        print(run(rate, args.duration_s, f"r{i}", log_dir, not args.no_limit, args.placers),
+              flush=True)
 
 
 if __name__ == "__main__":

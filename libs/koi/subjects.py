@@ -32,6 +32,9 @@ DEFAULT_SUBMITTER = "client"
 # the sender's remaining budget for this request, whole ms from when it sent it (a budget,
 # not a time of day: clocks differ between hosts); koi.jobs.intake reads it
 HEADER_DEADLINE_MS = "Koi-Deadline-Ms"
+# what each placer replica admitted per submitter lately (SubmitSpend, core NATS, every
+# replica subscribes): so N replicas share one rate limit per user (koi.jobs.rate_limit)
+PLACER_SPENT = "koi.placer.spent"
 JOBS_ACCEPTED_PREFIX = "koi.jobs.accepted"      # koi.jobs.accepted.<job id> (JobSpec)
 STREAM_JOBS = "KOI_JOBS"
 STREAM_JOBS_SUBJECTS = ("koi.jobs.accepted.>",)

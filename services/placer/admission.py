@@ -3,9 +3,11 @@ truth under load.
 
 * **A rate limit per user.** The subject's last token names the submitter (its NATS user
   may publish on no other's); each has a token bucket (``koi.jobs.rate_limit``,
-  ``KOI_SUBMIT_RATE_PER_S`` and ``KOI_SUBMIT_BURST``, per replica). An empty bucket is
-  answered at once ``busy (rate limit …), retry after N ms``, N the time until its next
-  token, before anything is decoded or stored; one ``overload`` event when a user starts
+  ``KOI_SUBMIT_RATE_PER_S`` and ``KOI_SUBMIT_BURST``), one budget across replicas: each
+  tells the others on ``koi.placer.spent`` what it admitted, every 50 ms, and takes the
+  same tokens from its own buckets (what can get past: that module's doc). An empty
+  bucket is answered at once ``busy (rate limit …), retry after N ms``, N the time until
+  its next token, before anything is decoded or stored; one ``overload`` event when a user starts
   being limited, a count every minute while it lasts, one when it ends (``koi.fold``).
 
 * **Bounded queue, explicit busy.** A submission is queued (the NATS callback does
@@ -46,6 +48,7 @@ import contextlib
 import hashlib
 import math
 import os
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable
@@ -61,7 +64,7 @@ from koi.errors import InvalidSpecError
 from koi.jobs import JobSpec
 from koi.jobs.bounds import MAX_ID_LEN
 from koi.jobs.intake import budget_s, late_by
-from koi.jobs.rate_limit import Limited, RateLimit, SubmitterLimits
+from koi.jobs.rate_limit import SHARE_EVERY_S, Limited, RateLimit, SubmitterLimits
 from koi.safe_text import printable
 from koi.v1 import jobs_pb2
 from koi.wire import codec
@@ -171,6 +174,9 @@ class Admission:
         self.limits = SubmitterLimits(RateLimit(ctx.settings.submit_rate_per_s,
                                                 ctx.settings.submit_burst))
         self._limit_events = 0
+        self.replica = secrets.token_hex(6)     # names this replica's koi.placer.spent
+        self._share: asyncio.Task | None = None
+        self._spent_sub: Any = None
         self._watch: asyncio.Task | None = None
         self.shed, self._reported_at = 0, float("-inf")
         self._overload_n = 0
@@ -474,6 +480,29 @@ class Admission:
                 attributes={"cause": "rate_limit", "user": e.user, "phase": e.phase,
                             "refused": str(e.refused)}))
 
+    async def share_spent(self) -> None:
+        """Tell the other replicas what this one admitted, every ``SHARE_EVERY_S`` (core
+        NATS: a report lost lets its tokens through once more, and nothing waits on it)."""
+        while True:
+            await asyncio.sleep(SHARE_EVERY_S)
+            spent = self.limits.unshared()
+            if spent:
+                try:
+                    await self.ctx.bus.nc.publish(subjects.PLACER_SPENT,
+                                                  codec.encode_spend(self.replica, spent))
+                except Exception as err:  # a closed connection: the service is stopping
+                    log.debug("spent_report_failed", error=repr(err))
+
+    async def on_spent(self, msg: Any) -> None:
+        """Another replica's report: its submitters' tokens are taken here too."""
+        try:
+            replica, spent = codec.decode_spend(msg.data)
+        except InvalidSpecError as err:
+            log.warning("spent_report_undecodable", error=str(err))
+            return
+        if replica != self.replica:
+            self.limits.spent_elsewhere(spent, time.monotonic())
+
     async def watch_limits(self) -> None:
         """Fold the rate-limited spells every second, so one ends without a submission."""
         while True:
@@ -489,12 +518,20 @@ class Admission:
     async def start(self) -> None:
         await self.pipeline.start()
         self._watch = asyncio.create_task(self.watch_limits(), name="rate-limits")
+        if not self.limits.limit.off:
+            self._spent_sub = await self.ctx.bus.nc.subscribe(subjects.PLACER_SPENT,
+                                                              cb=self.on_spent)
+            self._share = asyncio.create_task(self.share_spent(), name="rate-limit-share")
 
     async def close(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
+        if self._spent_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._spent_sub.unsubscribe()
+        for task in (self._watch, self._share):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._events is not None:
             with contextlib.suppress(Exception):
                 await self._events

@@ -146,7 +146,7 @@ def _own_publishes() -> dict[str, list[str]]:
                      kv_subject(subjects.KV_LEASES, subjects.KEY_RLM_LEASE)],
         "evaluator": [tick("plan"), subjects.WORK_EVALUATE,
                       kv_subject(subjects.KV_PLAN, KEY_EVALUATOR_CACHE)],
-        "placer": [tick("actions"), accepted,
+        "placer": [tick("actions"), accepted, subjects.PLACER_SPENT,
                    kv_subject(subjects.KV_PLAN, subjects.KEY_LATEST_PLAN),
                    kv_subject(subjects.KV_LEASES, subjects.KEY_PLACER_LEASE)],
         "planner-api": [kv_subject(subjects.KV_PLAN, KEY_PLANNER_API_ADDR)],

@@ -260,6 +260,31 @@ async def test_one_user_flooding_is_answered_busy_by_its_limit_while_another_get
                                                                        ["start", "end"])
 
 
+@pytest.mark.asyncio
+async def test_two_replicas_hold_one_user_to_one_budget_not_two(bus: Bus, placers) -> None:
+    """One user floods two placer replicas (a queue group: each answers about half) for
+    3 s at burst 2, 5/s: together they admit what one bucket allows, give or take what
+    they had not yet told each other (koi.placer.spent every 50 ms), not twice it; and
+    they do not starve it either."""
+    burst, rate = 2, 5.0
+    await placers(2, KOI_SUBMIT_RATE_PER_S=str(rate), KOI_SUBMIT_BURST=str(burst))
+    started, acks, i = time.monotonic(), [], 0
+    while time.monotonic() - started < 3.0:
+        wave = [_spec(f"two-{i + k}").SerializeToString() for k in range(6)]
+        i += len(wave)
+        acks += await asyncio.gather(*(_ask(bus, d, user="flood") for d in wave))
+        await asyncio.sleep(0.05)
+    took = time.monotonic() - started
+    admitted = sum(a.accepted for a in acks)
+    one_budget = burst + rate * took
+    # what was not yet heard of: the other's burst, and each one's last share interval
+    unheard = burst + 2 * rate * 0.05
+    assert 0.7 * one_budget <= admitted <= one_budget + unheard + 2, (admitted, took)
+    assert all("rate limit" in a.reason for a in acks if not a.accepted)
+    assert await _stored(bus, "koi.jobs.accepted.>") == {
+        f"koi.jobs.accepted.{a.job_id}": 1 for a in acks if a.accepted}
+
+
 # --- koi submit ------------------------------------------------------------------------------
 
 @pytest.mark.asyncio

@@ -198,6 +198,7 @@ def _seeds() -> dict[str, Message]:
                                      message="launched", tick=3, job_id="chat-eu",
                                      mechanism_ids=["m"], event_id="e"),
         "hypotheses": _hypotheses(),
+        "spend": jobs_pb2.SubmitSpend(replica="a1b2c3", spent={"flood": 40, "alice": 1}),
     }
 
 
@@ -258,6 +259,7 @@ DECODERS: dict[str, tuple[type[Message], Callable[[bytes], Any], tuple[Message, 
     "evaluated slice": (work_pb2.EvaluatedSlice, _raw(work_pb2.EvaluatedSlice), ()),
     "run summary": (work_pb2.RunSummary, _raw(work_pb2.RunSummary), ()),
     "hypotheses": (hypotheses_pb2.HypothesisRound, decode_hypotheses, (SEEDS["hypotheses"],)),
+    "submit spend": (jobs_pb2.SubmitSpend, codec.decode_spend, (SEEDS["spend"],)),
 }
 
 

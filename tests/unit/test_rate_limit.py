@@ -6,12 +6,13 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from koi.jobs.rate_limit import (
     FOLD_STEP_S,
     HOLD_S,
+    SHARE_EVERY_S,
     STILL_EVERY_S,
     Bucket,
     RateLimit,
@@ -80,6 +81,63 @@ def test_admissions_never_exceed_burst_plus_rate_times_time(gaps, rate, burst) -
             assert wait_s(limit, bucket, now + w) == 0.0
             assert wait_s(limit, bucket, now + 0.9 * w) > 0.0
     assert admitted <= burst + rate * now + 1e-9
+
+
+# --- one budget across replicas ---------------------------------------------------------------
+
+def test_what_another_replica_took_is_taken_here_and_an_overspend_is_waited_off() -> None:
+    here = SubmitterLimits(LIMIT)                  # 3 at once, then 2/s
+    here.spent_elsewhere({"flood": 2}, 0.0)
+    assert here.wait_s("flood", 0.0) == 0.0        # one of three left
+    here.take("flood", 0.0)
+    assert here.wait_s("flood", 0.0) == pytest.approx(0.5)
+    here.spent_elsewhere({"flood": 10}, 0.0)       # far past the burst: down to -3, no lower
+    assert here.wait_s("flood", 0.0) == pytest.approx((1 + 3) / 2.0)
+    assert here.wait_s("alice", 0.0) == 0.0        # nobody else pays
+
+
+def test_a_replica_reports_what_it_took_once() -> None:
+    here = SubmitterLimits(LIMIT)
+    here.take("flood", 0.0)
+    here.take("flood", 0.1)
+    here.take("alice", 0.1)
+    assert here.unshared() == {"flood": 2, "alice": 1}
+    assert here.unshared() == {}
+    off = SubmitterLimits(RateLimit(0.0, 1))
+    off.take("flood", 0.0)
+    off.spent_elsewhere({"flood": 5}, 0.0)
+    assert off.unshared() == {} and off.wait_s("flood", 0.0) == 0.0
+
+
+@given(st.integers(2, 4), st.floats(0.5, 20.0), st.integers(1, 10),
+       st.lists(st.tuples(st.floats(0.0, 0.05), st.integers(0, 3)), min_size=1,
+                max_size=400))
+# two replicas taking turns for 5 s at 2/s, burst 3: unshared they would admit 2 × 13
+@example(2, 2.0, 3, [(0.01, i) for i in range(500)])
+def test_replicas_sharing_what_they_took_admit_one_budget_not_n(n, rate, burst, flood
+                                                                ) -> None:
+    """N replicas each answering part of one user's flood, each telling the others what
+    it took every ``SHARE_EVERY_S``: together they admit at most one bucket's worth, plus
+    what the others had not yet heard of (the burst once per other replica, and a share
+    interval's rate per replica), where N unshared buckets would admit N times it."""
+    limit = RateLimit(rate, burst)
+    replicas = [SubmitterLimits(limit) for _ in range(n)]
+    now, shared_at, admitted = 0.0, 0.0, 0
+    for gap, which in flood:
+        now += gap
+        if now - shared_at >= SHARE_EVERY_S:
+            reports = [r.unshared() for r in replicas]
+            for i, r in enumerate(replicas):
+                for j, spent in enumerate(reports):
+                    if i != j:
+                        r.spent_elsewhere(spent, now)
+            shared_at = now
+        r = replicas[which % n]
+        if r.wait_s("flood", now) == 0.0:
+            r.take("flood", now)
+            admitted += 1
+    unheard = (n - 1) * burst + n * rate * SHARE_EVERY_S
+    assert admitted <= burst + rate * now + unheard + n
 
 
 def _flood(limits: SubmitterLimits, user: str, start: float, until: float, every: float

@@ -7,6 +7,17 @@ whose budget a submission spends. A user's bucket holds at most ``burst`` tokens
 gains ``rate_per_s`` a second; a submission takes one. With none left, the placer
 answers busy with the time until the next token, and stores nothing.
 
+**One budget across replicas.** Every placer replica answers submissions (a queue
+group), each with its own buckets. So that N replicas allow a user ``rate_per_s`` and not
+N times it, each replica tells the others what it took (``unshared``, sent every
+``SHARE_EVERY_S`` on ``koi.placer.spent``) and takes what they took from its own buckets
+(``spent_elsewhere``); a bucket may go below zero, down to ``-burst``, so an overspend
+is paid back by waiting. Over a long spell the user gets ``rate_per_s`` whatever N is;
+what the replicas have not yet heard of can get past once: at most (N − 1) × ``burst``
+at the start of a spell and N × ``rate_per_s`` × ``SHARE_EVERY_S`` after it. A lost
+report (core NATS: at most once) lets its tokens through once more; nothing is refused
+that the limit allows.
+
 Pure: time is passed in (seconds on one monotonic clock), nothing here knows about NATS
 (the placer's ``services/placer/admission.py`` applies this to messages and emits the
 events). A bucket nobody has used for a while is full, which is what a bucket never
@@ -25,6 +36,7 @@ HOLD_S = 5.0            # a user refused within this long is "being limited"
 STILL_EVERY_S = 60.0    # one "still limited" event per user per this, while it lasts
 FOLD_STEP_S = 0.1       # the folder's tick: conditions are timed to this resolution
 MAX_USERS = 100_000     # buckets kept at most (a forgotten one refills: a fresh burst)
+SHARE_EVERY_S = 0.05    # how often a replica tells the others what it took
 _EPS = 1e-9             # a token short by rounding is a token: waiting exactly the time
                         # a refusal named must be enough
 
@@ -121,6 +133,7 @@ class SubmitterLimits:
     _folder: Folder = field(default_factory=lambda: Folder(
         every=round(STILL_EVERY_S / FOLD_STEP_S)))
     _step: int = -1
+    _unshared: dict[str, int] = field(default_factory=dict)  # taken, not yet told
 
     def wait_s(self, user: str, now: float) -> float:
         """Seconds until ``user`` may submit again; 0 when it may now."""
@@ -130,7 +143,29 @@ class SubmitterLimits:
         """Spend one of ``user``'s tokens (a submission queued at ``now``)."""
         if self.limit.off:
             return
-        bucket = take(self.limit, self.buckets.get(user), now)
+        self._put(user, take(self.limit, self.buckets.get(user), now))
+        if user in self._unshared or len(self._unshared) < self.max_users:
+            self._unshared[user] = self._unshared.get(user, 0) + 1
+
+    def unshared(self) -> dict[str, int]:
+        """What this replica took per user since it last asked, for the other replicas'
+        ``spent_elsewhere``; the count starts again from nothing."""
+        out, self._unshared = self._unshared, {}
+        return out
+
+    def spent_elsewhere(self, spent: dict[str, int], now: float) -> None:
+        """Another replica took ``spent[user]`` of each user's tokens: take them here too.
+        A bucket goes down to ``-burst`` at most, so an overspend costs the user a wait
+        but never locks it out for longer than a full refill."""
+        if self.limit.off:
+            return
+        floor = -float(self.limit.burst)
+        for user, n in spent.items():
+            if n > 0:
+                b = refill(self.limit, self.buckets.get(user), now)
+                self._put(user, Bucket(max(b.tokens - n, floor), b.at))
+
+    def _put(self, user: str, bucket: Bucket) -> None:
         self.buckets.pop(user, None)  # re-inserted: the map's order is least recent first
         self.buckets[user] = bucket
         while len(self.buckets) > self.max_users:

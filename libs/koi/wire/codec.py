@@ -30,7 +30,7 @@ from koi.safe_text import printable
 from koi.space import DeploymentConfig
 from koi.v1 import config_pb2, jobs_pb2, prediction_pb2
 from koi.wire.config import config_from_proto, config_to_proto
-from koi.wire.jobs import job_from_proto, job_to_proto
+from koi.wire.jobs import job_from_proto, job_to_proto, spend_from_proto, spend_to_proto
 from koi.wire.predictor import (
     prediction_from_proto,
     prediction_to_proto,
@@ -90,6 +90,16 @@ def encode_job(job: JobSpec) -> bytes:
 def decode_job(data: bytes, *, catalog: Catalog | None = None) -> JobSpec:
     with bounded_errors():
         return job_from_proto(decode(data, jobs_pb2.JobSpec), catalog=catalog)
+
+
+def encode_spend(replica: str, spent: dict[str, int]) -> bytes:
+    return encode(spend_to_proto(replica, spent))
+
+
+def decode_spend(data: bytes) -> tuple[str, dict[str, int]]:
+    """A placer replica's ``koi.placer.spent`` report: ``(replica, {user: taken})``."""
+    with bounded_errors():
+        return spend_from_proto(decode(data, jobs_pb2.SubmitSpend))
 
 
 def encode_workload(w: Workload) -> bytes:

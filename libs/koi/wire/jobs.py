@@ -29,7 +29,9 @@ from koi.jobs import (
 from koi.jobs.bounds import check_id
 from koi.jobs.lengths import DEFAULT_MAX_TOKENS, DEFAULT_MIN_TOKENS
 from koi.jobs.parse import Ctx, model_id
+from koi.jobs.rate_limit import MAX_USERS
 from koi.jobs.spec import DEFAULT_PRIORITY
+from koi.subjects import token
 from koi.v1 import jobs_pb2
 
 SOURCE = "koi.v1.JobSpec"
@@ -232,3 +234,35 @@ def _length_from_proto(d: jobs_pb2.LengthDist, prefix: str, arrival: Arrival | N
                       mean=float(d.fixed.tokens), min=lo, max=hi)
     return _build(prefix, _LOGNORMAL_FIELDS, LengthDist, kind="lognormal",
                   mean=d.lognormal.mean_tokens, sigma=d.lognormal.sigma, min=lo, max=hi)
+
+
+# --- the placer replicas' shared rate-limit budget (koi.placer.spent) -----------------------
+SPEND_SOURCE = "koi.v1.SubmitSpend"
+MAX_SPEND_USERS = MAX_USERS  # submitters in one report at most: the buckets a replica keeps
+MAX_SPEND_EACH = 1_000_000  # submissions per submitter in one report at most
+
+
+def spend_to_proto(replica: str, spent: dict[str, int]) -> jobs_pb2.SubmitSpend:
+    return jobs_pb2.SubmitSpend(replica=replica, spent=spent)
+
+
+def spend_from_proto(msg: jobs_pb2.SubmitSpend) -> tuple[str, dict[str, int]]:
+    """``(replica, {user: submissions})``; ``InvalidSpecError`` for a report no replica
+    sends (no replica, a submitter that is not one subject token, a count out of range)."""
+    if not msg.replica:
+        raise InvalidSpecError("replica", "empty", source=SPEND_SOURCE)
+    if len(msg.spent) > MAX_SPEND_USERS:
+        raise InvalidSpecError("spent", f"{len(msg.spent)} submitters, more than "
+                               f"{MAX_SPEND_USERS}", source=SPEND_SOURCE)
+    out: dict[str, int] = {}
+    for user, n in msg.spent.items():
+        try:
+            token(user)
+        except ValueError as e:
+            raise InvalidSpecError("spent", str(e), source=SPEND_SOURCE) from None
+        if not 0 < n <= MAX_SPEND_EACH:
+            raise InvalidSpecError(f"spent[{user}]", f"{n} submissions, need 1.."
+                                   f"{MAX_SPEND_EACH}", source=SPEND_SOURCE)
+        out[user] = int(n)
+    return msg.replica, out
+
