@@ -7,8 +7,9 @@ truth under load.
   tells the others on ``koi.placer.spent`` what it admitted, every 50 ms, and takes the
   same tokens from its own buckets (what can get past: that module's doc). An empty
   bucket is answered at once ``busy (rate limit …), retry after N ms``, N the time until
-  its next token, before anything is decoded or stored; one ``overload`` event when a user starts
-  being limited, a count every minute while it lasts, one when it ends (``koi.fold``).
+  its next token, before anything is decoded or stored; one ``overload`` event when a
+  user starts being limited, a count every minute while it lasts, one when it ends
+  (``koi.fold``).
 
 * **Bounded queue, explicit busy.** A submission is queued (the NATS callback does
   nothing else but the rate check); when this replica already holds more than

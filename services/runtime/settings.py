@@ -222,9 +222,9 @@ class ServiceSettings:
     submit_rate_per_s: float = Field(default=10.0, ge=0.0, le=1e6, description="placer: "
                                      "job submissions a second one user (the last token "
                                      "of koi.jobs.submit.<user>) may make, after its "
-                                     "burst, across all placer replicas together; beyond "
-                                     "it the answer is "
-                                     "busy with the wait; 0 = no limit")
+                                     "burst, across all placer replicas together; "
+                                     "beyond it the answer is busy with the wait; 0 = "
+                                     "no limit")
     submit_burst: int = Field(default=100, ge=1, le=1_000_000, description="placer: "
                               "submissions one user may make at once before "
                               "KOI_SUBMIT_RATE_PER_S holds it")

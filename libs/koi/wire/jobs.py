@@ -238,7 +238,6 @@ def _length_from_proto(d: jobs_pb2.LengthDist, prefix: str, arrival: Arrival | N
 
 # --- the placer replicas' shared rate-limit budget (koi.placer.spent) -----------------------
 SPEND_SOURCE = "koi.v1.SubmitSpend"
-MAX_SPEND_USERS = MAX_USERS  # submitters in one report at most: the buckets a replica keeps
 MAX_SPEND_EACH = 1_000_000  # submissions per submitter in one report at most
 
 
@@ -251,9 +250,9 @@ def spend_from_proto(msg: jobs_pb2.SubmitSpend) -> tuple[str, dict[str, int]]:
     sends (no replica, a submitter that is not one subject token, a count out of range)."""
     if not msg.replica:
         raise InvalidSpecError("replica", "empty", source=SPEND_SOURCE)
-    if len(msg.spent) > MAX_SPEND_USERS:
+    if len(msg.spent) > MAX_USERS:
         raise InvalidSpecError("spent", f"{len(msg.spent)} submitters, more than "
-                               f"{MAX_SPEND_USERS}", source=SPEND_SOURCE)
+                               f"{MAX_USERS}", source=SPEND_SOURCE)
     out: dict[str, int] = {}
     for user, n in msg.spent.items():
         try:
@@ -265,4 +264,3 @@ def spend_from_proto(msg: jobs_pb2.SubmitSpend) -> tuple[str, dict[str, int]]:
                                    f"{MAX_SPEND_EACH}", source=SPEND_SOURCE)
         out[user] = int(n)
     return msg.replica, out
-
